@@ -1,0 +1,61 @@
+"""The one object every sink reads: a request the agent saw, stitched.
+
+Timestamps are CLOCK_MONOTONIC nanoseconds (the kernel's ``bpf_ktime_get_ns``
+and Python's ``time.monotonic_ns`` share that clock); sinks convert to
+wall-clock time with :mod:`sitsprobe.clock` at export, nowhere else.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    address: str  # "127.0.0.1", "::1"
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class TraceParent:
+    """A W3C ``traceparent`` the caller sent: our server span becomes its child."""
+
+    trace_id: int  # 128-bit, never 0
+    span_id: int  # 64-bit, never 0: the caller's span, our parent
+    flags: int  # 8-bit trace-flags; bit 0 = sampled
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request/response exchange on a server connection.
+
+    ``protocol`` is ``"http/1.1"`` when the bytes framed as HTTP, else
+    ``"tcp"``: a connection-level exchange with no method, path or status.
+    """
+
+    pid: int
+    comm: str
+    fd: int
+    start_ns: int  # first byte of the request received
+    end_ns: int  # last byte of the response sent (== start_ns if none was)
+    first_out_ns: int | None  # first byte of the response sent
+    bytes_in: int
+    bytes_out: int
+    local: Endpoint | None = None
+    peer: Endpoint | None = None
+    protocol: str = "http/1.1"
+    method: str | None = None
+    target: str | None = None  # request-target as sent, query included
+    path: str | None = None  # target without the query
+    route: str | None = None  # low-cardinality path template for metrics
+    status: int | None = None
+    user_agent: str | None = None
+    traceparent: TraceParent | None = None
+    complete: bool = True  # False: the process exited or closed mid-request
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+    @property
+    def is_error(self) -> bool:
+        return (self.status is not None and self.status >= 500) or not self.complete
