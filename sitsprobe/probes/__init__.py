@@ -1,0 +1,1 @@
+"""Everything that loads BPF lives here: the only package that imports bcc."""
