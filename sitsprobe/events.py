@@ -1,0 +1,48 @@
+"""Plain, immutable records of what the kernel saw. Kernel clock (CLOCK_MONOTONIC ns)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .request import Endpoint
+
+# end reasons (bpf/sitsprobe.h enum end_reason)
+END_NEXT, END_CLOSE, END_FLUSH, END_EXIT = 1, 2, 3, 4
+# connection flags (bpf/sitsprobe.h CF_*)
+CF_TUPLE, CF_TCP, CF_CHUNK_END, CF_SEEDED = 0x01, 0x02, 0x04, 0x08
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """A run of reads followed by a run of writes on one connection."""
+
+    tgid: int
+    fd: int
+    comm: str
+    reason: int
+    start_ns: int
+    last_in_ns: int
+    first_out_ns: int  # 0: nothing was written
+    last_out_ns: int
+    bytes_in: int
+    bytes_out: int
+    flags: int
+    local: Endpoint | None
+    peer: Endpoint | None
+    statuses: tuple[int, ...]  # status of each response begun, first MAX_PIPELINE
+    n_responses: int  # all responses begun, even past MAX_PIPELINE
+    req: bytes  # first bytes of the request
+    resp: bytes  # first bytes of the response
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """Identifies one exchange across the ring and a userspace flush."""
+        return (self.tgid, self.fd, self.start_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessNotice:
+    """A process exec'd (kind "exec") or a tracked one exited ("exit")."""
+
+    kind: str
+    tgid: int
+    comm: str
