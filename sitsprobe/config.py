@@ -1,0 +1,294 @@
+"""Configuration: embedded defaults, then a YAML file, then command-line overrides.
+
+Every key is checked by one rule from the table `_RULES`; the default values live
+in `defaults.yaml` (shipped in the package, and what users copy). Every problem
+is raised as one `ConfigError` naming the source, the dotted key and the value.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Select:
+    pids: tuple[int, ...]
+    comms: tuple[str, ...]
+    cmdline: tuple[str, ...]
+    ports: tuple[int, ...]
+    rescan_interval_s: float
+
+
+@dataclass(frozen=True)
+class Capture:
+    request_bytes: int
+    response_bytes: int
+    redact_headers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Stitch:
+    idle_flush_ms: int
+    max_connections: int
+
+
+@dataclass(frozen=True)
+class Routes:
+    templates: tuple[str, ...]
+    collapse_ids: bool
+    max_routes: int
+
+
+@dataclass(frozen=True)
+class Traces:
+    file: str | None
+    otlp_endpoint: str | None
+    otlp_protocol: str | None
+    max_per_second: int
+    keep_slowest: int
+
+
+@dataclass(frozen=True)
+class Metrics:
+    address: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Config:
+    select: Select
+    capture: Capture
+    ring_buffer_mib: int
+    stitch: Stitch
+    routes: Routes
+    traces: Traces
+    metrics: Metrics
+    duration_s: float | None
+    kernel_headers: str | None
+    log_level: str
+
+
+DEFAULTS_SOURCE = "<defaults>"
+OVERRIDES_SOURCE = "<command line>"
+
+
+class _Bad(Exception):  # a value broke a rule; suffix: where below the key, e.g. "[2]"
+    def __init__(self, expected: str, got: Any, suffix: str = ""):
+        self.expected, self.got, self.suffix = expected, got, suffix
+
+
+class _Shown(str):  # text shown as is after "got" (ConfigError shows repr otherwise)
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _show(v: Any) -> Any:
+    if v is None or isinstance(v, bool):
+        return _Shown({None: "null", True: "true", False: "false"}[v])
+    return v
+
+
+Rule = Callable[[Any], Any]
+
+
+def _rule(desc: str, ok: Callable[[Any], bool], conv: Callable[[Any], Any] = lambda v: v) -> Rule:
+    def check(v: Any) -> Any:
+        if not ok(v):
+            raise _Bad(desc, v)
+        return conv(v)
+    check.desc = desc  # type: ignore[attr-defined]
+    return check
+
+
+def _int(lo: int, hi: int | None = None, pow2: bool = False) -> Rule:
+    desc = ("a power-of-two integer " if pow2 else "an integer ") + (f"{lo}..{hi}" if hi is not None else f">= {lo}")
+    return _rule(desc, lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v
+                 and (hi is None or v <= hi) and not (pow2 and v & (v - 1)))
+
+
+def _num(lo: float, hi: float | None = None, above: bool = False) -> Rule:
+    desc = f"a number > {lo}" if above else f"a number {lo}..{hi}"
+    return _rule(desc, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                 and (v > lo if above else lo <= v <= hi), float)  # type: ignore[operator]
+
+
+def _str(desc: str = "a non-empty string", ok: Callable[[str], bool] = bool, conv=lambda v: v) -> Rule:
+    return _rule(desc, lambda v: isinstance(v, str) and ok(v), conv)
+
+
+def _regex(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise _Bad(_regex.desc, v)  # type: ignore[attr-defined]
+    try:
+        re.compile(v)
+    except re.error as e:
+        raise _Bad(f"a valid regular expression ({e})", v) from None
+    return v
+
+
+_regex.desc = "a regular expression (string)"  # type: ignore[attr-defined]
+
+
+def _list(item: Rule) -> Rule:
+    def check(v: Any) -> tuple:
+        if v is None:  # `pids:` with every item commented out
+            return ()
+        if not isinstance(v, list):
+            raise _Bad(check.desc, v)  # type: ignore[attr-defined]
+        out = []
+        for i, x in enumerate(v):
+            try:
+                out.append(item(x))
+            except _Bad as e:
+                raise _Bad(e.expected, e.got, f"[{i}]{e.suffix}") from None
+        return tuple(out)
+    check.desc = f"a list of items, each {item.desc}"  # type: ignore[attr-defined]
+    return check
+
+
+def _opt(inner: Rule) -> Rule:
+    def check(v: Any) -> Any:
+        try:
+            return None if v is None else inner(v)
+        except _Bad as e:
+            raise _Bad(check.desc, e.got) if not e.suffix else e from None  # type: ignore[attr-defined]
+    check.desc = "null or " + inner.desc  # type: ignore[attr-defined]
+    return check
+
+
+def _choice(*options: str) -> Rule:
+    return _rule("one of: " + ", ".join(options), lambda v: isinstance(v, str) and v in options)
+
+
+_BOOL = _rule("true or false", lambda v: isinstance(v, bool))
+_PATH = _str("a non-empty path")
+
+# The one table: dotted key -> rule. Order here is the order of `dump`.
+_RULES: dict[str, Rule] = {
+    "select.pids": _list(_int(1)),
+    "select.comms": _list(_str("a string of 1..15 characters", lambda s: 1 <= len(s) <= 15)),
+    "select.cmdline": _list(_regex),
+    "select.ports": _list(_int(1, 65535)),
+    "select.rescan_interval_s": _num(0.05, 60),
+    "capture.request_bytes": _int(16, 4096),
+    "capture.response_bytes": _int(16, 1024),
+    "capture.redact_headers": _list(_str("a non-empty header name", conv=str.lower)),
+    "ring_buffer_mib": _int(1, 1024, pow2=True),
+    "stitch.idle_flush_ms": _int(10, 600000),
+    "stitch.max_connections": _int(64, 1048576),
+    "routes.templates": _list(_str('a string starting with "/"', lambda s: s.startswith("/"))),
+    "routes.collapse_ids": _BOOL,
+    "routes.max_routes": _int(1, 100000),
+    "traces.file": _opt(_PATH),
+    "traces.otlp_endpoint": _opt(_str("an http:// or https:// URL",
+                                      lambda s: re.match(r"https?://[^/\s]", s) is not None)),
+    "traces.otlp_protocol": _opt(_choice("grpc", "http/protobuf")),
+    "traces.max_per_second": _int(0),
+    "traces.keep_slowest": _int(0),
+    "metrics.address": _str(),
+    "metrics.port": _int(0, 65535),
+    "duration_s": _opt(_num(0, above=True)),
+    "kernel_headers": _opt(_PATH),
+    "log_level": _choice("debug", "info", "warning", "error"),
+}
+_SECTIONS = {"select": Select, "capture": Capture, "stitch": Stitch, "routes": Routes,
+             "traces": Traces, "metrics": Metrics}
+
+
+def _unknown(source: str, name: str, word: str, choices: list[str]) -> ConfigError:
+    err = ConfigError(source, name, "one of: " + ", ".join(choices))
+    close = difflib.get_close_matches(word, choices, n=1)
+    err.args = (f"{source}: {name}: unknown key (expected one of: {', '.join(choices)})"
+                + (f"; did you mean {close[0]}?" if close else ""),)
+    return err
+
+
+def _apply(layer: Mapping, source: str, out: dict[str, Any], dotted: bool) -> None:
+    """Check every value of one layer and store it under its dotted key in `out`."""
+    items: list[tuple[str, str, Any]] = []  # (section or "", key within it, value)
+    for key, value in layer.items():
+        key = str(key)
+        if key not in _SECTIONS:
+            items.append(("", key, value))
+        elif isinstance(value, Mapping):
+            items += [(key, str(k), v) for k, v in value.items()]
+        elif value is not None:  # None: a section left empty
+            raise ConfigError(source, key, "a mapping of settings", _show(value))
+    for section, key, value in items:
+        name = f"{section}.{key}" if section else key
+        if name not in _RULES or ("." in key and not dotted):
+            level = section or (key.partition(".")[0] if dotted and "." in key else "")
+            if level in _SECTIONS:
+                choices = [k.partition(".")[2] for k in _RULES if k.startswith(level + ".")]
+                raise _unknown(source, name, name.partition(".")[2], choices)
+            choices = [k for k in _RULES if "." not in k] + list(_SECTIONS)
+            raise _unknown(source, name, name, list(_RULES) if dotted and "." in key else choices)
+        try:
+            out[name] = _RULES[name](value)
+        except _Bad as e:
+            raise ConfigError(source, name + e.suffix, e.expected, _show(e.got)) from None
+
+
+def _parse(text: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(source, where, "valid YAML", _Shown(f"a syntax error ({problem})")) from None
+
+
+def _read(path: str | os.PathLike) -> tuple[str, str]:
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            return f.read(), source
+    except FileNotFoundError:
+        raise ConfigError(source, "file", "an existing configuration file", _Shown("no such file")) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(source, "file", "a readable UTF-8 YAML file", _Shown(str(e))) from None
+
+
+def load(path: str | os.PathLike | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
+    """Defaults, then the file at `path`, then `overrides` ({"select.pids": [1], ...})."""
+    layers = [(resources.files(__package__).joinpath("defaults.yaml").read_text("utf-8"), DEFAULTS_SOURCE)]
+    if path is not None:
+        layers.append(_read(path))
+    flat: dict[str, Any] = {}
+    for text, source in layers:
+        data = _parse(text, source)
+        if data is None:  # empty file
+            continue
+        if not isinstance(data, Mapping):
+            raise ConfigError(source, "top level", "a mapping of settings (key: value)",
+                              _Shown(f"a {type(data).__name__}"))
+        _apply(data, source, flat, dotted=False)
+    _apply(overrides or {}, OVERRIDES_SOURCE, flat, dotted=True)
+    missing = [k for k in _RULES if k not in flat]
+    if missing:  # a packaging bug, not a user error
+        raise ConfigError(DEFAULTS_SOURCE, missing[0], "a default value")
+    top = {k: v for k, v in flat.items() if "." not in k}
+    for name, cls in _SECTIONS.items():
+        top[name] = cls(**{k.partition(".")[2]: v for k, v in flat.items() if k.startswith(name + ".")})
+    return Config(**top)
+
+
+def dump(config: Config) -> str:
+    """The effective configuration as YAML that `load` reads back to an equal Config."""
+    def plain(v: Any) -> Any:
+        return list(v) if isinstance(v, tuple) else v
+    data = {f.name: ({k: plain(x) for k, x in dataclasses.asdict(getattr(config, f.name)).items()}
+                     if f.name in _SECTIONS else getattr(config, f.name))
+            for f in dataclasses.fields(config)}
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)

@@ -1,0 +1,197 @@
+"""Find the server processes to trace, and their sockets, by reading /proc.
+
+Every function takes the /proc root as ``proc`` so tests can point it at a
+fixture tree. Processes come and go while we read: a pid whose files vanish
+or turn unreadable mid-read is skipped, never raised.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from sitsprobe.request import Endpoint
+
+# Errors a /proc read gets when the process exits, or isn't ours, mid-read.
+_GONE = (FileNotFoundError, ProcessLookupError, PermissionError)
+_COMM_LEN = 15  # the kernel truncates comm to TASK_COMM_LEN - 1 bytes
+TCP_ESTABLISHED = 0x01
+TCP_LISTEN = 0x0A
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    pid: int
+    comm: str
+    cmdline: str  # NUL-separated args joined by spaces
+
+
+@dataclass(frozen=True, slots=True)
+class TcpRow:
+    local: Endpoint
+    remote: Endpoint
+    state: int
+    inode: int  # 0 for sockets no process holds yet (unaccepted)
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    """Which processes to trace: one matching criterion is enough."""
+
+    pids: tuple[int, ...] = ()
+    comms: tuple[str, ...] = ()
+    cmdline: tuple[str, ...] = ()  # regexes, re.search'd against ProcInfo.cmdline
+    ports: tuple[int, ...] = ()  # listening TCP ports
+    _comms: frozenset[str] = field(init=False, repr=False, compare=False)
+    _patterns: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("pids", "comms", "cmdline", "ports"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "_comms", frozenset(c[:_COMM_LEN] for c in self.comms))
+        object.__setattr__(self, "_patterns", tuple(re.compile(p) for p in self.cmdline))
+
+    def empty(self) -> bool:
+        return not (self.pids or self.comms or self.cmdline or self.ports)
+
+    def matches(self, info: ProcInfo, listening: frozenset[int] = frozenset()) -> bool:
+        return (
+            info.pid in self.pids
+            or info.comm in self._comms
+            or any(p.search(info.cmdline) for p in self._patterns)
+            or not listening.isdisjoint(self.ports)
+        )
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except _GONE:
+        return None
+
+
+def _comm(pid: int, proc: str) -> str | None:
+    raw = _read(f"{proc}/{pid}/comm")
+    return None if raw is None else raw.rstrip(b"\n").decode(errors="replace")
+
+
+def _cmdline(pid: int, proc: str) -> str | None:
+    raw = _read(f"{proc}/{pid}/cmdline")
+    return None if raw is None else raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+
+
+def _pids(proc: str) -> Iterator[int]:
+    try:
+        names = os.listdir(proc)
+    except _GONE:
+        return
+    yield from (int(n) for n in names if n.isdigit())
+
+
+def read_info(pid: int, proc: str = "/proc") -> ProcInfo | None:
+    """The process's comm and cmdline; None if it is gone."""
+    comm = _comm(pid, proc)
+    cmdline = None if comm is None else _cmdline(pid, proc)
+    return None if cmdline is None else ProcInfo(pid, comm, cmdline)
+
+
+def processes(proc: str = "/proc") -> Iterator[ProcInfo]:
+    """Every live user process; kernel threads (empty cmdline) and zombies are skipped."""
+    for pid in _pids(proc):
+        info = read_info(pid, proc)
+        if info is not None and info.cmdline:
+            yield info
+
+
+def socket_inodes(pid: int, proc: str = "/proc") -> dict[int, int]:
+    """Socket inode -> fd for the pid's open sockets (lowest fd for dup'ed ones)."""
+    fd_dir = f"{proc}/{pid}/fd"
+    try:
+        fds = sorted(int(n) for n in os.listdir(fd_dir) if n.isdigit())
+    except _GONE:
+        return {}
+    inodes: dict[int, int] = {}
+    for fd in fds:
+        try:
+            target = os.readlink(f"{fd_dir}/{fd}")
+        except _GONE:
+            continue  # closed since listdir
+        if target.startswith("socket:[") and target.endswith("]"):
+            inodes.setdefault(int(target[8:-1]), fd)
+    return inodes
+
+
+def _endpoint(hex_endpoint: str) -> Endpoint:
+    # The kernel prints each 32-bit word of the address in host byte order
+    # (little-endian on every platform we run on); the port is plain hex.
+    addr_hex, port_hex = hex_endpoint.split(":")
+    raw = bytes.fromhex(addr_hex)
+    packed = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    addr = ipaddress.ip_address(packed)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return Endpoint(str(addr), int(port_hex, 16))
+
+
+def tcp_table(pid: int, proc: str = "/proc") -> list[TcpRow]:
+    """TCP sockets (v4 and v6) of the network namespace the pid lives in."""
+    rows = []
+    for name in ("tcp", "tcp6"):  # tcp6 is absent when IPv6 is disabled
+        raw = _read(f"{proc}/{pid}/net/{name}")
+        for line in (raw or b"").decode().splitlines()[1:]:
+            f = line.split()
+            rows.append(TcpRow(_endpoint(f[1]), _endpoint(f[2]), int(f[3], 16), int(f[9])))
+    return rows
+
+
+def _owned(pid: int, proc: str, state: int) -> list[tuple[int, TcpRow]]:
+    """(fd, row) for the pid's own sockets in ``state``, by fd."""
+    inodes = socket_inodes(pid, proc)
+    if not inodes:
+        return []  # skip reading the (large) net tables
+    rows = tcp_table(pid, proc)
+    owned = [(inodes[r.inode], r) for r in rows if r.state == state and r.inode in inodes]
+    return sorted(owned, key=lambda pair: pair[0])
+
+
+def listening_ports(pid: int, proc: str = "/proc") -> frozenset[int]:
+    return frozenset(row.local.port for _, row in _owned(pid, proc, TCP_LISTEN))
+
+
+def established(pid: int, proc: str = "/proc") -> list[tuple[int, Endpoint, Endpoint]]:
+    """(fd, local, peer) for each established TCP connection the pid holds."""
+    return [(fd, row.local, row.remote) for fd, row in _owned(pid, proc, TCP_ESTABLISHED)]
+
+
+def select(
+    selector: Selector, proc: str = "/proc", need_ports: bool | None = None
+) -> dict[int, ProcInfo]:
+    """Every process the selector matches, by pid; the agent itself only if listed by pid.
+
+    Cheap first: comm for every pid, cmdline only with a cmdline regex, and
+    fds plus net tables only with ports (or ``need_ports``) and no other match.
+    """
+    if need_ports is None:
+        need_ports = bool(selector.ports)
+    me = os.getpid()
+    found = {}
+    for pid in _pids(proc):
+        if pid == me and pid not in selector.pids:
+            continue
+        comm = _comm(pid, proc)
+        cmdline = "" if comm is None or not selector.cmdline else _cmdline(pid, proc)
+        if comm is None or cmdline is None:
+            continue
+        info = ProcInfo(pid, comm, cmdline)
+        if not selector.matches(info) and not (
+            need_ports and selector.matches(info, listening_ports(pid, proc))
+        ):
+            continue
+        if not selector.cmdline:  # only matches pay for reading cmdline
+            info = read_info(pid, proc)
+        if info is not None and info.cmdline:  # not a kernel thread or zombie
+            found[pid] = info
+    return found
