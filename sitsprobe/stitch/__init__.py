@@ -1,0 +1,1 @@
+"""Turns captured bytes and kernel events into :class:`sitsprobe.request.Request` records."""

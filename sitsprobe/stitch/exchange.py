@@ -1,0 +1,92 @@
+"""Exchanges (matched in the kernel) -> Requests (framed as HTTP/1.1 here).
+
+The kernel reports an exchange when the next request begins or the socket
+closes. A response on a keep-alive connection that then goes quiet is
+reported by `due()` instead: at once when its Content-Length or the chunked
+terminator says it is complete, otherwise after an idle timeout. The kernel's
+later copy of an exchange reported that way is recognised and dropped.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ..events import CF_CHUNK_END, END_CLOSE, END_EXIT, Exchange
+from ..request import Request
+from ..routes import RouteMapper
+from .http import RequestHead, parse_request_heads, parse_response_head
+
+STREAM_IDLE_NS = 30_000_000_000  # an open stream (SSE, chunked) may pause this long
+
+
+class Stitcher:
+    def __init__(self, routes: RouteMapper, idle_flush_ns: int, max_remembered: int = 65536):
+        self._routes = routes
+        self._idle_ns = idle_flush_ns
+        self._reported: OrderedDict[tuple[int, int, int], None] = OrderedDict()
+        self._max_remembered = max_remembered
+        self.duplicates = 0
+
+    def on_exchange(self, ex: Exchange) -> list[Request]:
+        """An exchange the kernel reported."""
+        if self._reported.pop(ex.key, 0) is None:
+            self.duplicates += 1
+            return []
+        return self.requests(ex)
+
+    def on_flush(self, ex: Exchange) -> list[Request]:
+        """An open exchange userspace reports itself (idle, or its process exited)."""
+        self._reported[ex.key] = None
+        if len(self._reported) > self._max_remembered:
+            self._reported.popitem(last=False)
+        return self.requests(ex)
+
+    def due(self, ex: Exchange, now_ns: int) -> bool:
+        """Whether an open, responding exchange should be reported now."""
+        resp = parse_response_head(ex.resp)
+        if ex.n_responses <= 1 and resp is not None:
+            if ex.flags & CF_CHUNK_END and resp.chunked:
+                return True
+            head_end = ex.resp.find(b"\r\n\r\n")
+            if resp.content_length is not None and head_end >= 0:
+                if ex.bytes_out >= head_end + 4 + resp.content_length:
+                    return True
+            streaming = resp.event_stream or (resp.chunked and not ex.flags & CF_CHUNK_END)
+            if streaming:
+                return now_ns - ex.last_out_ns > STREAM_IDLE_NS
+        return now_ns - ex.last_out_ns > self._idle_ns
+
+    def requests(self, ex: Exchange) -> list[Request]:
+        heads = parse_request_heads(ex.req)
+        resp = parse_response_head(ex.resp)
+        answered = ex.first_out_ns != 0
+        end = ex.last_out_ns if answered else ex.last_in_ns
+        complete = answered or ex.reason not in (END_EXIT, END_CLOSE)
+        base = dict(pid=ex.tgid, comm=ex.comm, fd=ex.fd, start_ns=ex.start_ns, end_ns=end,
+                    first_out_ns=ex.first_out_ns or None, local=ex.local, peer=ex.peer,
+                    complete=complete)
+        if not heads and resp is None:  # not HTTP: one connection-level exchange
+            return [Request(protocol="tcp", bytes_in=ex.bytes_in, bytes_out=ex.bytes_out, **base)]
+        n = max(len(heads), ex.n_responses, 1)
+        statuses = ex.statuses or ((resp.status,) if resp else ())
+        out = []
+        for i in range(n):
+            head = heads[i] if i < len(heads) else None
+            share = _share(ex.bytes_in, n, i), _share(ex.bytes_out, n, i)
+            out.append(self._http(head, statuses[i] if i < len(statuses) else None, share, base))
+        return out
+
+    def _http(self, head: RequestHead | None, status: int | None, size: tuple[int, int],
+              base: dict) -> Request:
+        if head is None:
+            return Request(bytes_in=size[0], bytes_out=size[1], status=status,
+                           route=self._routes.route(None), **base)
+        return Request(
+            bytes_in=size[0], bytes_out=size[1], status=status,
+            method=head.method, target=head.target, path=head.path,
+            route=self._routes.route(head.path), user_agent=head.headers.get("user-agent"),
+            traceparent=head.traceparent, **base)
+
+
+def _share(total: int, n: int, i: int) -> int:
+    """Pipelined requests split an exchange's bytes evenly (the first takes the rest)."""
+    return total // n + (total % n if i == 0 else 0)
