@@ -96,9 +96,9 @@ struct conn {
 enum notice_kind { N_EXEC = 1, N_EXIT = 2 };
 
 /* Process lifecycle: lets userspace select new processes and retire dead ones. */
-struct notice {
-    __u32 kind;
-    __u32 tgid;
+struct notice { /* bcc's ring-event decoder knows u32, not __u32 */
+    u32 kind;
+    u32 tgid;
     char comm[16];
 };
 

@@ -1,0 +1,208 @@
+"""The agent: load the probes, follow the selected processes, stitch, export."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from prometheus_client import CollectorRegistry
+
+from . import kheaders, procs, tracefs
+from .clock import WallClock
+from .config import Config
+from .errors import SitsprobeError
+from .events import END_EXIT, Exchange, ProcessNotice
+from .export.otlp import TraceExporter
+from .export.prom import KernelMetrics, RequestMetrics, serve
+from .request import Request
+from .routes import RouteMapper
+from .sampling import TraceSampler
+from .stitch.exchange import Stitcher
+
+log = logging.getLogger("sitsprobe")
+
+
+def selector_of(config: Config) -> procs.Selector:
+    s = config.select
+    return procs.Selector(pids=s.pids, comms=s.comms, cmdline=s.cmdline, ports=s.ports)
+
+
+class Agent:
+    def __init__(self, config: Config):
+        self.config = config
+        self.selector = selector_of(config)
+        if self.selector.empty():
+            raise SitsprobeError(
+                "nothing to trace: give --pid, --comm, --cmdline or --port, "
+                "or set select.* in the config file")
+        self.clock = WallClock()
+        self.metrics = RequestMetrics()
+        self.sampler = TraceSampler(config.traces.max_per_second, config.traces.keep_slowest)
+        self.stitcher = Stitcher(
+            RouteMapper(list(config.routes.templates), config.routes.collapse_ids,
+                        config.routes.max_routes),
+            config.stitch.idle_flush_ms * 1_000_000)
+        self.tracked: dict[int, str] = {}  # pid -> comm
+        self.names: dict[int, str] = {}  # every pid ever tracked -> comm, for metrics
+        self.hooks: dict[str, str] = {}
+        self.ready = False
+        self.requests_seen = 0
+        self.probe = None
+        self.exporter = None
+        self.http = None
+
+    # -- start-up -----------------------------------------------------------------
+
+    def start(self) -> None:
+        from .probes import capability
+        from .probes.net import NetProbe, cflags
+
+        mounted = tracefs.ensure_mounted()
+        if mounted:
+            log.info("mounted %s", ", ".join(mounted))
+        choice = kheaders.resolve(configured=self.config.kernel_headers)
+        note = kheaders.install(choice)
+        log.log(logging.WARNING if choice.kind == "nearest" else logging.INFO,
+                "kernel headers: %s (%s)%s", choice.build, choice.kind,
+                f"; {choice.note}" if choice.note else "")
+        if note:
+            log.info("%s", note)
+        caps = capability.probe_all()
+        plan = capability.plan(caps)["net"]
+        for line in capability.fallback_notes({"net": plan}, caps):
+            log.info("%s", line)
+        tcp_hook = plan["tcp_sendmsg"]
+        if tcp_hook is None:
+            raise SitsprobeError("no hook for tcp_sendmsg on this kernel (see `sitsprobe doctor`)")
+        self.hooks = {point: str(h) for point, h in plan.items() if h}
+        cap = self.config.capture
+        self.probe = NetProbe(
+            cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
+                   max_connections=self.config.stitch.max_connections,
+                   ring_buffer_mib=self.config.ring_buffer_mib, tcp_sendmsg=tcp_hook),
+            self._on_exchange, self._on_notice)
+        t = self.config.traces
+        self.exporter = TraceExporter(clock=self.clock, endpoint=t.otlp_endpoint,
+                                      protocol=t.otlp_protocol, traces_file=t.file)
+        if self.config.metrics.port:
+            self._serve_metrics()
+        self._rescan()
+        self.ready = True
+        log.info("tracing %d process(es): %s", len(self.tracked),
+                 ", ".join(f"{c}[{p}]" for p, c in sorted(self.tracked.items())) or "none yet")
+
+    def _serve_metrics(self) -> None:
+        registry = CollectorRegistry()
+        registry.register(self.metrics)
+        registry.register(KernelMetrics(
+            self.probe.counters, self.probe.status_counts,
+            lambda pid: self.names.get(pid, "?"), self._gauges,
+            lambda: {"seen": self.sampler.seen, "exported": self.sampler.exported,
+                     "dropped": self.sampler.dropped,
+                     "dropped_queue_full": self.exporter.dropped_by_queue},
+            lambda: dict(self.tracked)))
+        m = self.config.metrics
+        try:
+            self.http = serve(registry, m.address, m.port, lambda: self.ready)
+        except OSError as e:
+            raise SitsprobeError(f"cannot serve metrics on {m.address}:{m.port}: {e.strerror}; "
+                                 "set --metrics-port (0 disables it)") from e
+
+    def _gauges(self) -> dict[str, float]:
+        return {"probes_attached": len(self.hooks) if self.ready else 0,
+                "tracked_processes": len(self.tracked)}
+
+    # -- processes ----------------------------------------------------------------
+
+    def _track(self, info: procs.ProcInfo) -> None:
+        self.probe.track(info.pid)
+        self.tracked[info.pid] = self.names[info.pid] = info.comm
+        listening = procs.listening_ports(info.pid)
+        for fd, local, peer in procs.established(info.pid):
+            if local.port in listening:  # a server-side connection made before we started
+                self.probe.seed(info.pid, fd, info.comm, local, peer)
+        log.info("tracking %s[%d]", info.comm, info.pid)
+
+    def _retire(self, pid: int) -> None:
+        comm = self.tracked.pop(pid, None)
+        self.probe.untrack(pid)
+        for ex in self.probe.forget(pid):
+            self._emit(self.stitcher.on_flush(_exited(ex)))
+        self.exporter.close_process(pid)
+        if comm is not None:
+            log.info("%s[%d] exited", comm, pid)
+
+    def _rescan(self) -> None:
+        found = procs.select(self.selector)
+        for pid, info in found.items():
+            if pid not in self.tracked:
+                self._track(info)
+        for pid in [p for p in self.tracked if p not in found and procs.read_info(p) is None]:
+            self._retire(pid)
+
+    def _on_notice(self, n: ProcessNotice) -> None:
+        if n.kind == "exit":
+            self._retire(n.tgid)
+        elif n.tgid not in self.tracked:
+            info = procs.read_info(n.tgid)
+            if info is not None and self.selector.matches(info):
+                self._track(info)
+
+    # -- events -------------------------------------------------------------------
+
+    def _on_exchange(self, ex: Exchange) -> None:
+        self._emit(self.stitcher.on_exchange(ex))
+
+    def _emit(self, requests: list[Request]) -> None:
+        now = time.monotonic_ns()
+        for r in requests:
+            self.requests_seen += 1
+            self.metrics.observe(r)
+            for chosen in self.sampler.offer(r, now):
+                self.exporter.export(chosen)
+
+    def _flush_idle(self, now: int, everything: bool = False) -> None:
+        for ex, state in self.probe.open_exchanges():
+            if state == 2 and (everything or self.stitcher.due(ex, now)):
+                self._emit(self.stitcher.on_flush(ex))
+
+    # -- the loop -----------------------------------------------------------------
+
+    def run(self, stop: threading.Event, duration_s: float | None = None) -> None:
+        deadline = time.monotonic() + duration_s if duration_s else None
+        flush_every = max(0.05, self.config.stitch.idle_flush_ms / 2000)
+        rescan_every = self.config.select.rescan_interval_s
+        next_flush = next_rescan = time.monotonic()
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            self.probe.poll(50)
+            now = time.monotonic()
+            if now >= next_flush:
+                self._flush_idle(time.monotonic_ns())
+                for r in self.sampler.flush(time.monotonic_ns()):
+                    self.exporter.export(r)
+                next_flush = now + flush_every
+            if now >= next_rescan:
+                self._rescan()
+                next_rescan = now + rescan_every
+
+    def close(self) -> None:
+        """Drain, report what is still open, flush the exporters, detach."""
+        self.ready = False
+        if self.probe is not None:
+            self.probe.poll(0)
+            self._flush_idle(time.monotonic_ns(), everything=True)
+            for r in self.sampler.flush():
+                self.exporter.export(r)
+        if self.exporter is not None:
+            self.exporter.shutdown()
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
+
+
+def _exited(ex: Exchange) -> Exchange:
+    from dataclasses import replace
+    return replace(ex, reason=END_EXIT)

@@ -1,0 +1,114 @@
+"""sitsprobe's command line: run, doctor, config."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from . import __version__, config as cfg
+from .errors import SitsprobeError
+
+RUN_EPILOG = """\
+examples:
+  sitsprobe run --port 8000 --traces-file traces.jsonl
+  sitsprobe run --comm python3 --duration 60 --otlp-endpoint http://tempo:4317
+  sitsprobe run -c /etc/sitsprobe.yaml
+
+Traces go to --traces-file (OTLP/JSON, one ExportTraceServiceRequest per line)
+and/or an OTLP collector (--otlp-endpoint, else $OTEL_EXPORTER_OTLP_ENDPOINT).
+Prometheus metrics and /healthz are served on --metrics-port (default 9102).
+SIGINT/SIGTERM stop it cleanly: open exchanges are reported, exporters
+flushed, and every probe detached.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="sitsprobe",
+        description="eBPF agent that stitches what an inference server does on the "
+                    "network into one trace per request.")
+    p.add_argument("--version", action="version", version=f"sitsprobe {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="trace selected processes and export traces and metrics",
+                         epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("-c", "--config", metavar="FILE", help="YAML config (see `sitsprobe config --show`)")
+    sel = run.add_argument_group("what to trace (any match; processes started later are picked up)")
+    sel.add_argument("--pid", type=int, action="append", metavar="PID", help="a process id (repeatable)")
+    sel.add_argument("--comm", action="append", metavar="NAME", help="a command name, as in /proc/PID/comm")
+    sel.add_argument("--cmdline", action="append", metavar="REGEX", help="a regex searched in the command line")
+    sel.add_argument("--port", type=int, action="append", metavar="PORT",
+                     help="processes listening on this TCP port")
+    out = run.add_argument_group("output")
+    out.add_argument("--traces-file", metavar="PATH", help="write OTLP/JSON trace lines here")
+    out.add_argument("--otlp-endpoint", metavar="URL", help="OTLP collector, e.g. http://localhost:4317")
+    out.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="default grpc")
+    out.add_argument("--metrics-port", type=int, metavar="N", help="Prometheus port, 0 = off (default 9102)")
+    run.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long, flushing everything")
+    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    run.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
+
+    doc = sub.add_parser("doctor", help="what this kernel offers and which hook each probe will use")
+    doc.add_argument("--json", action="store_true", help="machine-readable report")
+    doc.add_argument("-c", "--config", metavar="FILE", help="YAML config (for kernel_headers)")
+
+    conf = sub.add_parser("config", help="show or check the effective configuration")
+    conf.add_argument("-c", "--config", metavar="FILE")
+    conf.add_argument("--show", action="store_true", help="print the effective config as YAML")
+    return p
+
+
+def _overrides(a: argparse.Namespace) -> dict:
+    pairs = {
+        "select.pids": a.pid, "select.comms": a.comm, "select.cmdline": a.cmdline,
+        "select.ports": a.port, "traces.file": a.traces_file,
+        "traces.otlp_endpoint": a.otlp_endpoint, "traces.otlp_protocol": a.otlp_protocol,
+        "metrics.port": a.metrics_port, "duration_s": a.duration, "log_level": a.log_level,
+    }
+    return {k: v for k, v in pairs.items() if v is not None}
+
+
+def _run(a: argparse.Namespace) -> int:
+    conf = cfg.load(a.config, _overrides(a))
+    logging.basicConfig(level=conf.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    if a.ebpf:
+        from .probes.net import bpf_dir
+        for name in ("sitsprobe.h", "net.c"):
+            print((bpf_dir() / name).read_text())
+        return 0
+    from .agent import Agent
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    agent = Agent(conf)
+    try:
+        agent.start()
+        agent.run(stop, conf.duration_s)
+    finally:
+        agent.close()
+    logging.getLogger("sitsprobe").info("stopped: %d requests stitched", agent.requests_seen)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    try:
+        if a.command == "run":
+            return _run(a)
+        if a.command == "doctor":
+            from . import doctor
+            headers = cfg.load(a.config).kernel_headers if a.config else None
+            return doctor.run(a.json, configured_headers=headers)
+        conf = cfg.load(a.config)
+        print(cfg.dump(conf) if a.show else f"{a.config or '<defaults>'}: ok", end="\n" if not a.show else "")
+        return 0
+    except SitsprobeError as e:
+        print(f"sitsprobe: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

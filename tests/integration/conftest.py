@@ -1,0 +1,176 @@
+"""Integration fixtures: one real agent (the CLI, as a subprocess) per test
+module, real servers it picks up after it started, a real OTLP receiver."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.otlp_receiver import GrpcOtlpReceiver
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+TAG = "sitsprobe-testserver"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+def require_root():
+    if os.geteuid() != 0:
+        pytest.skip("integration tests load BPF programs: run as root (CI does)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class TraceFile:
+    """Reads the agent's OTLP/JSON trace lines into flat span dicts."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def spans(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text().splitlines():
+            if not line.endswith("}"):
+                continue  # a line being written
+            for rs in json.loads(line)["resourceSpans"]:
+                resource = _attrs(rs["resource"].get("attributes", []))
+                for ss in rs["scopeSpans"]:
+                    for s in ss["spans"]:
+                        s["attrs"] = _attrs(s.get("attributes", []))
+                        s["resource"] = resource
+                        out.append(s)
+        return out
+
+    def for_port(self, port: int) -> list[dict]:
+        return [s for s in self.spans() if s["attrs"].get("server.port") == port]
+
+    def wait_for_port(self, port: int, n: int, timeout: float = 15) -> list[dict]:
+        return wait_until(lambda: (s := self.for_port(port)) and len(s) >= n and s,
+                          timeout, f"{n} spans for port {port} (have {len(self.for_port(port))})")
+
+
+def _attrs(kvs: list[dict]) -> dict:
+    out = {}
+    for kv in kvs:
+        (kind, v), = kv["value"].items()
+        out[kv["key"]] = int(v) if kind == "intValue" else v
+    return out
+
+
+class AgentHandle:
+    def __init__(self, proc, traces: TraceFile, receiver, metrics_port: int, log: Path):
+        self.proc, self.traces, self.receiver, self.log = proc, traces, receiver, log
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}"
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def metric(self, name: str, **labels) -> float:
+        """Sum of the samples of `name` whose labels include `labels`."""
+        total = 0.0
+        for line in self.scrape().splitlines():
+            m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
+            if not m or m.group(1) != name:
+                continue
+            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+            if all(have.get(k) == str(v) for k, v in labels.items()):
+                total += float(m.group(3))
+        return total
+
+    def tracks(self, pid: int) -> bool:
+        return self.metric("sitsprobe_tracked_process_info", pid=pid) == 1
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    require_root()
+    d = tmp_path_factory.mktemp("agent")
+    metrics_port = free_port()
+    with GrpcOtlpReceiver() as receiver:
+        config = {
+            "select": {"cmdline": [TAG], "comms": ["nginx"], "rescan_interval_s": 0.2},
+            "stitch": {"idle_flush_ms": 100},
+            "traces": {"file": str(d / "traces.jsonl"), "otlp_endpoint": receiver.endpoint,
+                       "max_per_second": 0},
+            "metrics": {"address": "127.0.0.1", "port": metrics_port},
+            "ring_buffer_mib": 64,
+        }
+        (d / "sitsprobe.yaml").write_text(yaml.safe_dump(config))
+        log = d / "agent.log"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sitsprobe.cli", "run", "-c", str(d / "sitsprobe.yaml")],
+            cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        handle = AgentHandle(proc, TraceFile(d / "traces.jsonl"), receiver, metrics_port, log)
+
+        def healthy():
+            if proc.poll() is not None:
+                raise AssertionError(f"agent exited {proc.returncode}:\n{log.read_text()}")
+            try:
+                return urllib.request.urlopen(handle.metrics_url + "/healthz", timeout=1).status == 200
+            except OSError:
+                return False
+
+        wait_until(healthy, 90, "the agent's /healthz")
+        yield handle
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+        print(log.read_text())
+
+
+class Server:
+    """tests/integration/httpserver.py in a subprocess, tracked by the agent."""
+
+    def __init__(self, agent: AgentHandle | None, mode: str = "sendto"):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "httpserver.py"), "--mode", mode, "--tag", TAG],
+            stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+        self.pid = self.proc.pid
+        if agent is not None:
+            wait_until(lambda: agent.tracks(self.pid), 10, f"the agent to track pid {self.pid}")
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

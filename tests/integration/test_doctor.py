@@ -1,0 +1,188 @@
+"""doctor against the real kernel, and every capability claim checked independently.
+
+Each check below is written apart from ``probes.capability`` (other targets,
+other triggers), so a capability probe that lies in either direction fails.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import subprocess
+
+import pytest
+
+from sitsprobe import doctor, tracefs
+from sitsprobe.probes import capability
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.filterwarnings("ignore:not a bytes object:DeprecationWarning")]
+
+if os.geteuid() != 0:
+    pytest.skip("loading BPF needs root; run the integration tests as root",
+                allow_module_level=True)
+bcc = pytest.importorskip("bcc", reason="bcc (python3-bpfcc) is not importable")
+BPF, USDT = bcc.BPF, bcc.USDT
+
+COUNT = """BPF_ARRAY(n, u64, 1);
+int hit(void *ctx) {
+    if ((bpf_get_current_pid_tgid() >> 32) != PID) return 0;
+    int k = 0; u64 *v = n.lookup(&k); if (v) __sync_fetch_and_add(v, 1);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def outcome():
+    before = sorted(tracefs.bpf_fds())
+    r = doctor.report()
+    return r, before, sorted(tracefs.bpf_fds())
+
+
+def _counted(attach, trigger, text=COUNT, pid=None) -> bool:
+    """Compile, attach with ``attach(b)``, run ``trigger()``, did it count?"""
+    b = BPF(text=text, cflags=[f"-DPID={pid or os.getpid()}"])
+    try:
+        attach(b)
+        trigger()
+        return b["n"][0].value > 0
+    finally:
+        b.cleanup()
+
+
+def _tcp_send():
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        with socket.create_connection(srv.getsockname()) as cli:
+            conn, _ = srv.accept()
+            cli.sendall(b"ping")
+            conn.recv(4)
+            conn.close()
+
+
+def works_syscall_tracepoint():
+    return _counted(lambda b: b.attach_tracepoint(tp="syscalls:sys_enter_getuid", fn_name="hit"),
+                    os.getuid)
+
+
+def works_tracepoint():
+    return _counted(lambda b: b.attach_tracepoint(tp="tcp:tcp_sendmsg_locked", fn_name="hit"),
+                    _tcp_send)
+
+
+def works_raw_tracepoint():
+    return _counted(lambda b: b.attach_raw_tracepoint(tp="sys_exit", fn_name="hit"), os.getuid)
+
+
+def works_kprobe():
+    return _counted(lambda b: b.attach_kprobe(event="tcp_sendmsg", fn_name="hit"), _tcp_send)
+
+
+def works_fentry():
+    text = COUNT.replace("int hit(void *ctx)", "static int hit(void)") + \
+        "KFUNC_PROBE(tcp_sendmsg) { return hit(); }"
+    return _counted(lambda b: None, _tcp_send, text=text)
+
+
+def works_uprobe():
+    libc = ctypes.CDLL("libc.so.6")
+    return _counted(lambda b: b.attach_uprobe(name="c", sym="getuid", fn_name="hit",
+                                              pid=os.getpid()), libc.getuid)
+
+
+def works_usdt():
+    binaries = capability.usdt_candidates()
+    if not binaries:
+        return False
+    script = "import sys, gc; sys.stdin.readline(); gc.collect()"
+    child = subprocess.Popen([binaries[0], "-c", script], stdin=subprocess.PIPE)
+    try:
+        u = USDT(pid=child.pid)
+        u.enable_probe(probe="gc__done", fn_name="hit")
+        b = BPF(text=COUNT, cflags=[f"-DPID={child.pid}"], usdt_contexts=[u])
+        try:
+            child.communicate(b"\n", timeout=10)
+            return b["n"][0].value > 0
+        finally:
+            b.cleanup()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def works_ringbuf():
+    got = []
+    b = BPF(text="""BPF_RINGBUF_OUTPUT(rb, 1);
+        int hit(void *ctx) {
+            if ((bpf_get_current_pid_tgid() >> 32) != PID) return 0;
+            rb.ringbuf_output(&ctx, sizeof(ctx), 0); return 0; }""",
+            cflags=[f"-DPID={os.getpid()}"])
+    try:
+        b.attach_tracepoint(tp="syscalls:sys_enter_getuid", fn_name="hit")
+        b["rb"].open_ring_buffer(lambda _c, _d, size: got.append(size))
+        os.getuid()
+        b.ring_buffer_poll(200)
+    finally:
+        b.cleanup()
+    return bool(got)
+
+
+def works_btf():
+    try:
+        with open("/sys/kernel/btf/vmlinux", "rb") as f:
+            return f.read(2) == b"\x9f\xeb"  # BTF magic 0xeB9F, little-endian
+    except OSError:
+        return False
+
+
+KINDS = ["syscall_tracepoint", "tracepoint", "raw_tracepoint", "kprobe", "fentry",
+         "uprobe", "usdt", "ringbuf", "btf"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_capability_claim_matches_reality(outcome, kind):
+    claim = outcome[0]["capabilities"][kind]
+    try:
+        real = globals()[f"works_{kind}"]()
+    except Exception as e:  # what a failed load or attach looks like in bcc
+        real = False
+        print(f"{kind}: independent check failed: {e}")
+    assert claim["ok"] == real, f"doctor says {kind} ok={claim['ok']} ({claim['detail']})"
+
+
+def test_this_machine_falls_back_to_tracepoints(outcome):
+    config = capability.kernel_config() or {}
+    if "CONFIG_KPROBES" in config:
+        pytest.skip("this kernel has kprobes; the fallback is for kernels without (like CI's)")
+    r = outcome[0]
+    caps = r["capabilities"]
+    assert not caps["kprobe"]["ok"] and caps["kprobe"]["reason"] == "CONFIG_KPROBES unset"
+    assert "kprobe_events missing" in caps["kprobe"]["detail"]
+    assert not caps["fentry"]["ok"] and caps["fentry"]["reason"]
+    assert r["plan"]["net"]["tcp_sendmsg"] == "tracepoint tcp:tcp_sendmsg_locked"
+    note = next(n for n in r["notes"] if n.startswith("tcp_sendmsg:"))
+    assert "kprobe unavailable (CONFIG_KPROBES unset)" in note
+    assert note.endswith("using tracepoint tcp:tcp_sendmsg_locked")
+
+
+def test_report_is_ok_json_and_leaves_nothing_behind(outcome):
+    r, before, after = outcome
+    assert r["ok"], r["problems"]
+    assert r["headers"]["ok"] and r["bcc"]
+    assert all(r["mounts"].values())
+    assert all(h is not None for h in r["plan"]["net"].values())
+    json.dumps(r)
+    assert after == before, "doctor left BPF objects open in this process"
+    assert tracefs.leftovers() == []
+
+
+def test_run_prints_80_columns_and_exits_0(capsys):
+    assert doctor.run(False) == 0
+    out = capsys.readouterr().out
+    assert "result: ok" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert doctor.run(True) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True

@@ -1,0 +1,211 @@
+"""The spine end to end: real BPF, a real server, a real client over loopback.
+What the agent exported is checked against the client's own tally."""
+from __future__ import annotations
+
+import socket
+import time
+from collections import Counter
+
+import pytest
+
+from .conftest import Server, wait_until
+
+
+class Client:
+    """A raw HTTP/1.1 client that knows exactly what it sent and received."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.sock: socket.socket | None = None
+        self.tally: list[dict] = []
+
+    def request(self, method: str, path: str, body: bytes = b"", keep_alive: bool = True,
+                headers: dict[str, str] | None = None) -> dict:
+        if self.sock is None:
+            self.sock = socket.create_connection(("127.0.0.1", self.port))
+        lines = [f"{method} {path} HTTP/1.1", "Host: localhost", "User-Agent: tally/1"]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        if body:
+            lines.append(f"Content-Length: {len(body)}")
+        if not keep_alive:
+            lines.append("Connection: close")
+        raw = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+        t0 = time.monotonic_ns()
+        self.sock.sendall(raw)
+        resp = self._read_response()
+        rtt = time.monotonic_ns() - t0
+        status = int(resp.split(b" ", 2)[1])
+        entry = dict(method=method, path=path, status=status, bytes_in=len(raw),
+                     bytes_out=len(resp), rtt_ns=rtt)
+        self.tally.append(entry)
+        if not keep_alive:
+            self.close()
+        return entry
+
+    def _read_response(self) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += self.sock.recv(65536)
+        head = data.split(b"\r\n\r\n", 1)[0].lower()
+        length = int(head.split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(data) < len(head) + 4 + length:
+            data += self.sock.recv(65536)
+        return data
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def workload(port: int) -> list[dict]:
+    """Several methods, paths and statuses, keep-alive and not."""
+    c = Client(port)
+    for i in range(12):
+        c.request("GET", f"/items/{i}?q=1")
+    for status in (201, 404, 500, 503):
+        c.request("GET", f"/status/{status}", keep_alive=False)
+    for i in range(5):
+        c.request("POST", "/echo", body=b"x" * (100 * i + 1))
+    c.request("PUT", "/echo", body=b"put-body")
+    c.request("DELETE", "/things/7", keep_alive=False)
+    c.close()
+    return c.tally
+
+
+def check_against_tally(spans: list[dict], tally: list[dict]) -> None:
+    def key(e):
+        return (e["method"], e["path"], e["status"], e["bytes_in"], e["bytes_out"])
+
+    seen = Counter(key(dict(method=s["attrs"]["http.request.method"],
+                            path=s["attrs"]["url.path"],
+                            status=s["attrs"]["http.response.status_code"],
+                            bytes_in=s["attrs"]["http.request.size"],
+                            bytes_out=s["attrs"]["http.response.size"])) for s in spans)
+    expected = Counter(key(dict(e, path=e["path"].split("?")[0])) for e in tally)
+    assert seen == expected
+
+
+@pytest.mark.parametrize("mode", ["sendto", "writev", "sendmsg", "write"])
+def test_spans_equal_client_tally(agent, mode):
+    with Server(agent, mode) as server:
+        tally = workload(server.port)
+        spans = agent.traces.wait_for_port(server.port, len(tally))
+        time.sleep(0.3)  # nothing more may arrive
+        spans = agent.traces.for_port(server.port)
+    assert len(spans) == len(tally)
+    check_against_tally(spans, tally)
+    by_path = {}
+    for s in spans:
+        by_path.setdefault(s["attrs"]["url.path"], []).append(int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]))
+    longest_rtt = {}
+    for e in tally:
+        p = e["path"].split("?")[0]
+        longest_rtt[p] = max(longest_rtt.get(p, 0), e["rtt_ns"])
+    for path, durations in by_path.items():
+        assert max(durations) <= longest_rtt[path], path
+    s = spans[0]
+    assert s["kind"] == 2  # SERVER
+    assert s["attrs"]["client.address"] == "127.0.0.1"
+    assert s["attrs"]["user_agent.original"] == "tally/1"
+    assert s["resource"]["process.pid"] == server.pid
+
+
+def test_server_duration_within_each_round_trip(agent):
+    with Server(agent) as server:
+        c = Client(server.port)
+        tally = [c.request("GET", f"/rtt/{i}x") for i in range(20)]
+        c.close()
+        spans = agent.traces.wait_for_port(server.port, 20)
+    by_path = {s["attrs"]["url.path"]: s for s in spans}
+    for e in tally:
+        s = by_path[e["path"]]
+        assert int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) <= e["rtt_ns"]
+
+
+def test_traceparent_makes_the_server_span_a_child(agent):
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with Server(agent) as server:
+        c = Client(server.port)
+        c.request("GET", "/traced", headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+        c.request("GET", "/untraced")
+        c.close()
+        spans = agent.traces.wait_for_port(server.port, 2)
+    by_path = {s["attrs"]["url.path"]: s for s in spans}
+    assert by_path["/traced"]["traceId"] == trace_id
+    assert by_path["/traced"]["parentSpanId"] == parent
+    assert by_path["/untraced"]["traceId"] != trace_id
+    assert not by_path["/untraced"].get("parentSpanId")
+
+
+def test_pipelined_chunked_and_streamed_responses(agent):
+    with Server(agent) as server:
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.sendall(b"GET /p/1 HTTP/1.1\r\nHost: a\r\n\r\nGET /status/404 HTTP/1.1\r\nHost: a\r\n\r\n"
+                  b"GET /p/3 HTTP/1.1\r\nHost: a\r\n\r\n")
+        got = b""
+        while got.count(b"HTTP/1.1") < 3 or not got.endswith(b"ok /p/3\n"):
+            got += s.recv(65536)
+        s.sendall(b"GET /chunked/5 HTTP/1.1\r\nHost: a\r\n\r\n")
+        chunked = b""
+        while not chunked.endswith(b"0\r\n\r\n"):
+            chunked += s.recv(65536)
+        s.close()
+        sse = socket.create_connection(("127.0.0.1", server.port))
+        sse.sendall(b"GET /sse/7 HTTP/1.1\r\nHost: a\r\n\r\n")
+        streamed = b""
+        while chunk := sse.recv(65536):
+            streamed += chunk
+        sse.close()
+        spans = agent.traces.wait_for_port(server.port, 5)
+    by_path = {s["attrs"]["url.path"]: s["attrs"] for s in spans}
+    assert set(by_path) == {"/p/1", "/status/404", "/p/3", "/chunked/5", "/sse/7"}
+    assert by_path["/status/404"]["http.response.status_code"] == 404
+    assert by_path["/p/3"]["http.response.status_code"] == 200
+    assert by_path["/chunked/5"]["http.response.size"] == len(chunked)
+    assert by_path["/sse/7"]["http.response.size"] == len(streamed)
+    assert streamed.count(b"data: token") == 7
+
+
+def test_garbage_and_a_process_dying_mid_request_leave_the_agent_counting(agent):
+    with Server(agent) as server:
+        g = socket.create_connection(("127.0.0.1", server.port))
+        g.sendall(bytes(range(256)) * 4 + b"\r\n\r\n\x00\xff")
+        time.sleep(0.2)
+        g.close()
+        hang = socket.create_connection(("127.0.0.1", server.port))
+        hang.sendall(b"GET /hang HTTP/1.1\r\nHost: a\r\n\r\n")
+        time.sleep(0.3)
+        server.stop()  # dies with /hang unanswered
+        hang.close()
+        spans = agent.traces.wait_for_port(server.port, 2)
+    by_proto = {s["attrs"].get("url.path", "tcp"): s for s in spans}
+    assert by_proto["tcp"]["name"].endswith("tcp exchange")
+    assert by_proto["/hang"]["status"]["code"] == 2  # ERROR: never answered
+    assert by_proto["/hang"]["attrs"]["sitsprobe.complete"] is False
+    wait_until(lambda: not agent.tracks(server.pid), 5, "the dead server to be retired")
+    assert agent.alive()
+    with Server(agent) as again:  # and it still counts
+        tally = workload(again.port)
+        spans = agent.traces.wait_for_port(again.port, len(tally))
+        check_against_tally(spans, tally)
+
+
+def test_metrics_and_otlp_receiver_agree_with_the_file(agent):
+    with Server(agent) as server:
+        c = Client(server.port)
+        for i in range(17):
+            c.request("GET", f"/metered/{1000 + i}")
+        c.close()
+        spans = agent.traces.wait_for_port(server.port, 17)
+        kernel = wait_until(lambda: agent.metric("sitsprobe_http_server_requests_total",
+                                                 pid=server.pid) == 17 or None,
+                            5, "the kernel request count")
+        assert kernel
+    assert agent.metric("http_server_request_duration_seconds_count", route="/metered/{id}",
+                        method="GET", status="200") == 17
+    assert agent.metric("sitsprobe_events_lost_total") == 0
+    ids = {s["spanId"] for s in spans}
+    got = wait_until(lambda: (r := {s.span_id.hex() for _, s in agent.receiver.spans()}) >= ids and r,
+                     10, "the gRPC receiver to get every span")
+    assert ids <= got
