@@ -1,0 +1,1 @@
+"""Sinks that carry stitched requests out of the agent: OTLP traces."""

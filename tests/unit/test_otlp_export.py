@@ -1,0 +1,257 @@
+"""sitsprobe.export.otlp: requests as OTLP server spans, through real receivers and a file."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+
+import pytest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from sitsprobe.clock import WallClock
+from sitsprobe.errors import ConfigError
+from sitsprobe.export.otlp import OtlpJsonFileExporter, TraceExporter
+from sitsprobe.request import Endpoint, Request, TraceParent
+from tests.otlp_receiver import GrpcOtlpReceiver, HttpOtlpReceiver, attributes
+
+OFFSET_NS = 1_700_000_000_000_000_000
+CALLER_TRACE = 0x0AF7651916CD43DD8448EB211C80319C
+CALLER_SPAN = 0xB7AD6B7169203331
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("OTEL_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture
+def clock():
+    c = WallClock()
+    c.offset_ns = OFFSET_NS
+    return c
+
+
+def request(**kw) -> Request:
+    fields = dict(
+        pid=4242, comm="vllm", fd=17,
+        start_ns=5_000_000_000, end_ns=5_250_000_000, first_out_ns=5_100_000_000,
+        bytes_in=310, bytes_out=1200,
+        local=Endpoint("10.0.0.5", 8000), peer=Endpoint("10.0.0.9", 51234),
+        method="POST", target="/v1/completions?stream=false", path="/v1/completions",
+        route="/v1/completions", status=200, user_agent="curl/8.5.0",
+    )
+    fields.update(kw)
+    return Request(**fields)
+
+
+def export_all(exporter: TraceExporter, *reqs: Request) -> None:
+    for r in reqs:
+        exporter.export(r)
+    exporter.shutdown()
+
+
+def file_spans(path) -> list[tuple[dict, dict]]:
+    """(resource attributes, span) for every span in an OTLP/JSON lines file."""
+    out = []
+    for line in path.read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            res = {a["key"]: a["value"] for a in rs["resource"]["attributes"]}
+            out += [(res, span) for ss in rs["scopeSpans"] for span in ss["spans"]]
+    return out
+
+
+@pytest.mark.parametrize("protocol, receiver", [("grpc", GrpcOtlpReceiver), ("http/protobuf", HttpOtlpReceiver)])
+def test_span_reaches_a_real_receiver(clock, protocol, receiver):
+    req = request(traceparent=TraceParent(CALLER_TRACE, CALLER_SPAN, 1))
+    with receiver() as rx:
+        exporter = TraceExporter(clock=clock, endpoint=rx.endpoint, protocol=protocol, headers={"X-Tenant": "t1"})
+        export_all(exporter, req)
+        [(resource, span)] = rx.wait_for(1)
+    assert rx.headers[0]["x-tenant"] == "t1"
+
+    assert span.name == "POST /v1/completions"
+    assert span.kind == Span.SPAN_KIND_SERVER
+    assert span.start_time_unix_nano == req.start_ns + OFFSET_NS
+    assert span.end_time_unix_nano == req.end_ns + OFFSET_NS
+    assert span.trace_id == CALLER_TRACE.to_bytes(16, "big")
+    assert span.parent_span_id == CALLER_SPAN.to_bytes(8, "big")
+    assert span.span_id not in (b"", CALLER_SPAN.to_bytes(8, "big"))
+    assert span.status.code == Status.STATUS_CODE_UNSET
+    assert attributes(span.attributes) == {
+        "http.request.method": "POST",
+        "url.path": "/v1/completions",
+        "url.query": "stream=false",
+        "url.scheme": "http",
+        "http.route": "/v1/completions",
+        "http.response.status_code": 200,
+        "server.address": "10.0.0.5",
+        "server.port": 8000,
+        "client.address": "10.0.0.9",
+        "client.port": 51234,
+        "network.peer.address": "10.0.0.9",
+        "network.peer.port": 51234,
+        "network.protocol.name": "http",
+        "network.protocol.version": "1.1",
+        "network.transport": "tcp",
+        "user_agent.original": "curl/8.5.0",
+        "http.request.size": 310,
+        "http.response.size": 1200,
+        "process.pid": 4242,
+        "sitsprobe.fd": 17,
+        "sitsprobe.time_to_first_byte_s": pytest.approx(0.1),
+        "sitsprobe.complete": True,
+    }
+    assert resource["service.name"] == "vllm"
+    assert resource["process.pid"] == 4242
+    assert resource["process.executable.name"] == "vllm"
+    assert resource["telemetry.distro.name"] == "sitsprobe"
+    assert resource["host.name"]
+
+
+def test_endpoint_and_protocol_from_the_environment(clock, monkeypatch):
+    with HttpOtlpReceiver() as rx:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint)  # the SDK appends /v1/traces
+        export_all(TraceExporter(clock=clock), request())
+        assert len(rx.wait_for(1)) == 1
+
+
+def test_grpc_is_the_default_protocol(clock, monkeypatch):
+    with GrpcOtlpReceiver() as rx:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", rx.endpoint)
+        export_all(TraceExporter(clock=clock), request())
+        assert len(rx.wait_for(1)) == 1
+
+
+def test_an_unsampled_caller_means_no_span(clock, tmp_path):
+    path = tmp_path / "t.jsonl"
+    unsampled = TraceParent(CALLER_TRACE, CALLER_SPAN, flags=0)
+    export_all(TraceExporter(clock=clock, traces_file=str(path)), request(traceparent=unsampled))
+    assert path.read_text() == ""
+
+
+def test_no_endpoint_means_no_network_exporter(clock, tmp_path):
+    assert TraceExporter(clock=clock).sinks == ()
+    exporter = TraceExporter(clock=clock, traces_file=str(tmp_path / "t.jsonl"))
+    assert [type(s) for s in exporter.sinks] == [OtlpJsonFileExporter]
+    exporter.shutdown()
+
+
+@pytest.mark.parametrize("arg, env", [("http/json", None), (None, "zipkin")])
+def test_unknown_protocol_is_a_config_error(clock, monkeypatch, arg, env):
+    if env:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", env)
+    with pytest.raises(ConfigError, match="grpc or http/protobuf"):
+        TraceExporter(clock=clock, endpoint="http://127.0.0.1:1", protocol=arg)
+
+
+def test_file_lines_are_otlp_json(clock, tmp_path):
+    path = tmp_path / "traces.jsonl"
+    path.write_text("")  # appends to what is there
+    exporter = TraceExporter(clock=clock, traces_file=str(path))
+    exporter.export(request(traceparent=TraceParent(CALLER_TRACE, CALLER_SPAN, 1)))
+    assert exporter.force_flush()
+    exporter.export(request(pid=7, comm="sglang"))  # no traceparent: a new root
+    export_all(exporter)
+
+    assert len(path.read_text().splitlines()) == 2  # one line per export call
+    (res1, joined), (res2, root) = file_spans(path)
+    assert joined["traceId"] == f"{CALLER_TRACE:032x}"
+    assert joined["parentSpanId"] == f"{CALLER_SPAN:016x}"
+    assert re.fullmatch(r"[0-9a-f]{16}", joined["spanId"])
+    assert joined["kind"] == 2 and joined["name"] == "POST /v1/completions"
+    assert int(joined["startTimeUnixNano"]) == 5_000_000_000 + OFFSET_NS
+    attrs = {a["key"]: a["value"] for a in joined["attributes"]}
+    assert attrs["http.response.status_code"] == {"intValue": "200"}
+    assert attrs["sitsprobe.complete"] == {"boolValue": True}
+    assert re.fullmatch(r"[0-9a-f]{32}", root["traceId"]) and root["traceId"] != joined["traceId"]
+    assert "parentSpanId" not in root
+    assert res1["service.name"] == {"stringValue": "vllm"}
+    assert res2["service.name"] == {"stringValue": "sglang"}
+    assert res2["process.pid"] == {"intValue": "7"}
+
+
+def test_service_name_and_resource_attributes_from_the_environment(clock, tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "inference")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment.name=prod,host.name=node-7")
+    path = tmp_path / "t.jsonl"
+    export_all(TraceExporter(clock=clock, traces_file=str(path)), request())
+    [(resource, _)] = file_spans(path)
+    assert resource["service.name"] == {"stringValue": "inference"}
+    assert resource["deployment.environment.name"] == {"stringValue": "prod"}
+    assert resource["host.name"] == {"stringValue": "node-7"}
+    assert resource["process.executable.name"] == {"stringValue": "vllm"}
+
+
+def test_errors_and_other_shapes(clock, tmp_path):
+    path = tmp_path / "t.jsonl"
+    export_all(
+        TraceExporter(clock=clock, traces_file=str(path)),
+        request(status=503),
+        request(status=404),
+        request(status=None, complete=False, first_out_ns=None, end_ns=5_000_000_000),
+        request(method="PURGE", route=None, target="/cache?sig=abc&x=1", path="/cache"),
+        request(protocol="tcp", method=None, target=None, path=None, route=None, status=None, user_agent=None),
+    )
+    spans = [s for _, s in file_spans(path)]
+    attrs = [{a["key"]: next(iter(a["value"].values())) for a in s["attributes"]} for s in spans]
+    e503, e404, cut, purge, tcp = zip(spans, attrs)
+
+    assert e503[0]["status"] == {"code": 2} and e503[1]["error.type"] == "503"
+    assert e404[0]["status"] == {} and "error.type" not in e404[1]
+    assert cut[0]["status"] == {"code": 2} and cut[1]["error.type"] == "incomplete"
+    assert cut[1]["sitsprobe.complete"] is False
+    assert "http.response.status_code" not in cut[1] and "sitsprobe.time_to_first_byte_s" not in cut[1]
+
+    assert purge[0]["name"] == "HTTP /cache"
+    assert purge[1]["http.request.method"] == "_OTHER"
+    assert purge[1]["http.request.method_original"] == "PURGE"
+    assert purge[1]["url.query"] == "sig=REDACTED&x=1"
+    assert "http.route" not in purge[1]
+
+    assert tcp[0]["name"] == "vllm tcp exchange"
+    assert tcp[1]["sitsprobe.bytes_in"] == "310"
+    assert not any(k.startswith(("http.", "url.", "user_agent.")) for k in tcp[1])
+
+
+def test_http_endpoint_given_in_full_is_kept(clock):
+    with HttpOtlpReceiver() as rx:
+        exporter = TraceExporter(clock=clock, endpoint=rx.endpoint + "/v1/traces", protocol="http/protobuf")
+        export_all(exporter, request())
+        assert len(rx.wait_for(1)) == 1
+
+
+def test_a_full_queue_drops_and_counts(clock, tmp_path, monkeypatch):
+    release = threading.Event()
+    write = OtlpJsonFileExporter.export
+
+    def blocked_write(self, spans):
+        release.wait()
+        return write(self, spans)
+
+    monkeypatch.setattr(OtlpJsonFileExporter, "export", blocked_write)
+    path = tmp_path / "t.jsonl"
+    exporter = TraceExporter(clock=clock, traces_file=str(path), queue_size=8)
+    for _ in range(100):
+        exporter.export(request())
+    dropped = exporter.dropped_by_queue
+    assert dropped >= 100 - 16  # at most one batch taken off the queue, one queue waiting
+    release.set()
+    exporter.shutdown()
+    assert exporter.dropped_by_queue == dropped
+    assert len(file_spans(path)) + dropped == 100
+
+
+def test_close_process_flushes_it_and_export_after_shutdown_is_ignored(clock, tmp_path):
+    path = tmp_path / "t.jsonl"
+    exporter = TraceExporter(clock=clock, traces_file=str(path))
+    exporter.export(request(pid=1))
+    exporter.export(request(pid=2))
+    exporter.close_process(1)
+    assert [s["attributes"][0]["value"] for _, s in file_spans(path)] == [{"intValue": "1"}]
+    exporter.shutdown()
+    exporter.export(request(pid=3))
+    assert len(file_spans(path)) == 2
