@@ -7,6 +7,7 @@ candidate loads on this kernel; ``doctor`` prints the choice.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 FENTRY, KPROBE, TRACEPOINT, UPROBE, USDT = "fentry", "kprobe", "tracepoint", "uprobe", "usdt"
 
@@ -46,9 +47,12 @@ NET_POINTS: dict[str, list[Hook]] = {
 PROBES: dict[str, dict[str, list[Hook]]] = {"net": NET_POINTS}
 
 
-def choose(candidates: list[Hook], available: dict[str, bool]) -> Hook | None:
-    """The first candidate whose hook kind loads here (``available[kind]``)."""
+def choose(candidates: list[Hook], available: dict[str, bool],
+           usable: Callable[[Hook], bool] | None = None) -> Hook | None:
+    """The first candidate whose hook kind loads here (``available[kind]``)
+    and, if ``usable`` is given, whose own target passes it (a tracepoint
+    this kernel actually has)."""
     for hook in candidates:
-        if available.get(hook.kind):
+        if available.get(hook.kind) and (usable is None or usable(hook)):
             return hook
     return None

@@ -1,0 +1,61 @@
+"""Which hook each probe point gets on this kernel, and why not a better one."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sitsprobe import tracefs
+from sitsprobe.probes import hooks
+
+if TYPE_CHECKING:
+    from sitsprobe.probes.capability import Capability
+
+Plan = dict[str, dict[str, "hooks.Hook | None"]]  # group -> point -> hook (None: nothing works)
+
+_CAPABILITY = {hooks.FENTRY: "fentry", hooks.KPROBE: "kprobe", hooks.UPROBE: "uprobe",
+               hooks.USDT: "usdt"}
+
+
+def capability_for(hook: hooks.Hook) -> str:
+    """The capability a hook needs: syscall tracepoints are checked apart."""
+    if hook.kind == hooks.TRACEPOINT:
+        return "syscall_tracepoint" if hook.target.startswith("syscalls:") else "tracepoint"
+    return _CAPABILITY[hook.kind]
+
+
+def plan(caps: dict[str, Capability], root: str = "/") -> Plan:
+    """Probe group -> point -> the best hook that works here."""
+    def ok(name: str) -> bool:
+        return name in caps and caps[name].ok
+
+    available = {kind: ok(name) for kind, name in _CAPABILITY.items()}
+    available[hooks.TRACEPOINT] = ok("tracepoint") or ok("syscall_tracepoint")
+
+    def usable(hook: hooks.Hook) -> bool:
+        return hook.kind != hooks.TRACEPOINT or (
+            ok(capability_for(hook)) and tracefs.tracepoint_exists(hook.target, root))
+
+    return {group: {point: hooks.choose(candidates, available, usable)
+                    for point, candidates in points.items()}
+            for group, points in hooks.PROBES.items()}
+
+
+def fallback_notes(chosen: Plan, caps: dict[str, Capability]) -> list[str]:
+    """One line per point that did not get its first choice, saying why:
+    "tcp_sendmsg: fentry unavailable (EPERM), kprobe unavailable
+    (CONFIG_KPROBES unset); using tracepoint tcp:tcp_sendmsg_locked"."""
+    lines = []
+    for group, points in chosen.items():
+        for point, hook in points.items():
+            skipped = []
+            for candidate in hooks.PROBES[group][point]:
+                if candidate == hook:
+                    break
+                cap = caps.get(capability_for(candidate))
+                if cap is not None and not cap.ok:
+                    skipped.append(f"{candidate.kind} unavailable ({cap.reason or cap.detail})")
+                else:
+                    skipped.append(f"{candidate} missing")
+            if skipped:
+                using = f"using {hook}" if hook else "no usable hook"
+                lines.append(f"{point}: {', '.join(skipped)}; {using}")
+    return lines
