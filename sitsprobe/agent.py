@@ -17,7 +17,7 @@ from .export.prom import KernelMetrics, RequestMetrics, serve
 from .request import Request
 from .routes import RouteMapper
 from .sampling import TraceSampler
-from .stitch.exchange import Stitcher
+from .stitch.exchange import Stitcher, enrich
 
 log = logging.getLogger("sitsprobe")
 
@@ -62,7 +62,7 @@ class Agent:
             log.info("mounted %s", ", ".join(mounted))
         choice = kheaders.resolve(configured=self.config.kernel_headers)
         note = kheaders.install(choice)
-        log.log(logging.WARNING if choice.kind == "nearest" else logging.INFO,
+        log.log(logging.WARNING if choice.mismatch else logging.INFO,
                 "kernel headers: %s (%s)%s", choice.build, choice.kind,
                 f"; {choice.note}" if choice.note else "")
         if note:
@@ -159,7 +159,7 @@ class Agent:
             self.requests_seen += 1
             self.metrics.observe(r)
             for chosen in self.sampler.offer(r, now):
-                self.exporter.export(chosen)
+                self.exporter.export(enrich(chosen))
 
     def _flush_idle(self, now: int, everything: bool = False) -> None:
         for ex, state in self.probe.open_exchanges():
@@ -179,7 +179,7 @@ class Agent:
             if now >= next_flush:
                 self._flush_idle(time.monotonic_ns())
                 for r in self.sampler.flush(time.monotonic_ns()):
-                    self.exporter.export(r)
+                    self.exporter.export(enrich(r))
                 next_flush = now + flush_every
             if now >= next_rescan:
                 self._rescan()
@@ -192,7 +192,7 @@ class Agent:
             self.probe.poll(0)
             self._flush_idle(time.monotonic_ns(), everything=True)
             for r in self.sampler.flush():
-                self.exporter.export(r)
+                self.exporter.export(enrich(r))
         if self.exporter is not None:
             self.exporter.shutdown()
         if self.http is not None:

@@ -6,7 +6,7 @@ wall-clock time with :mod:`sitsprobe.clock` at export, nowhere else.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,7 @@ class Request:
     user_agent: str | None = None
     traceparent: TraceParent | None = None
     complete: bool = True  # False: the process exited or closed mid-request
+    head: bytes = field(default=b"", repr=False)  # captured request bytes, for enrich()
 
     @property
     def duration_ns(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -18,13 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from google.protobuf.json_format import MessageToDict
 from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from sitsprobe import __version__
 from sitsprobe.clock import WallClock
@@ -328,19 +328,157 @@ class OtlpJsonFileExporter(SpanExporter):
 
 
 def otlp_json(spans: Sequence[ReadableSpan]) -> dict:
-    """``spans`` as one OTLP/JSON ExportTraceServiceRequest."""
-    doc = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
-    for resource_spans in doc.get("resourceSpans", ()):
-        for scope_spans in resource_spans.get("scopeSpans", ()):
-            for span in scope_spans.get("spans", ()):
-                _hex_ids(span)
-                for link in span.get("links", ()):
-                    _hex_ids(link)
-    return doc
+    """``spans`` as one OTLP/JSON ExportTraceServiceRequest.
+
+    What protobuf's JSON mapping of the SDK's own encoding (``encode_spans``)
+    gives, ids aside, built straight from the spans: int64 and fixed64 values
+    as decimal strings, enums as numbers, bytes as base64, fields at their
+    default left out. Trace and span ids are lowercase hex, as OTLP/JSON wants.
+    Spans are grouped by resource, then by scope, in order of first appearance.
+    """
+    by_resource: dict[Resource, dict[InstrumentationScope | None, list[dict]]] = {}
+    # A Resource hashes by serialising its attributes: look each object up once.
+    by_id: dict[int, dict[InstrumentationScope | None, list[dict]]] = {}
+    for span in spans:
+        resource = span.resource
+        scopes = by_id.get(id(resource))
+        if scopes is None:
+            scopes = by_id[id(resource)] = by_resource.setdefault(resource, {})
+        scopes.setdefault(span.instrumentation_scope, []).append(_span(span))
+    if not by_resource:
+        return {}
+    return {"resourceSpans": [_resource_spans(r, scopes) for r, scopes in by_resource.items()]}
 
 
-def _hex_ids(obj: dict) -> None:
-    # Protobuf's JSON mapping writes bytes as base64; OTLP/JSON wants hex ids.
-    for key in ("traceId", "spanId", "parentSpanId"):
-        if key in obj:
-            obj[key] = base64.b64decode(obj[key]).hex()
+# SpanFlags: whether the parent (or linked) context's remoteness is known, and is remote.
+_FLAG_HAS_IS_REMOTE = 0x100
+_FLAG_IS_REMOTE = 0x200
+_KINDS = {
+    SpanKind.INTERNAL: 1,
+    SpanKind.SERVER: 2,
+    SpanKind.CLIENT: 3,
+    SpanKind.PRODUCER: 4,
+    SpanKind.CONSUMER: 5,
+}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _resource_spans(resource: Resource, scopes: Mapping[InstrumentationScope | None, list[dict]]) -> dict:
+    out = {
+        "resource": _with_attributes({}, resource.attributes),
+        "scopeSpans": [_scope_spans(scope, spans) for scope, spans in scopes.items()],
+    }
+    if resource.schema_url:
+        out["schemaUrl"] = resource.schema_url
+    return out
+
+
+def _scope_spans(scope: InstrumentationScope | None, spans: list[dict]) -> dict:
+    if scope is None:
+        return {"scope": {}, "spans": spans}
+    encoded: dict = {}
+    if scope.name:
+        encoded["name"] = scope.name
+    if scope.version:
+        encoded["version"] = scope.version
+    out = {"scope": _with_attributes(encoded, scope.attributes), "spans": spans}
+    if scope.schema_url:
+        out["schemaUrl"] = scope.schema_url
+    return out
+
+
+def _span(span: ReadableSpan) -> dict:
+    ctx = span.context
+    parent = span.parent
+    out = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
+    if ctx.trace_state:
+        out["traceState"] = ctx.trace_state.to_header()
+    if parent is not None:
+        out["parentSpanId"] = f"{parent.span_id:016x}"
+    out["flags"] = _flags(parent)
+    if span.name:
+        out["name"] = span.name
+    out["kind"] = _KINDS[span.kind]
+    if span.start_time:
+        out["startTimeUnixNano"] = str(span.start_time)
+    if span.end_time:
+        out["endTimeUnixNano"] = str(span.end_time)
+    _with_attributes(out, span.attributes, span.dropped_attributes)
+    if events := span.events:
+        out["events"] = [_event(e) for e in events]
+    if span.dropped_events:
+        out["droppedEventsCount"] = span.dropped_events
+    if links := span.links:
+        out["links"] = [_link(link) for link in links]
+    if span.dropped_links:
+        out["droppedLinksCount"] = span.dropped_links
+    status: dict = {}
+    if code := span.status.status_code.value:
+        status["code"] = code
+    if span.status.description:
+        status["message"] = span.status.description
+    out["status"] = status
+    return out
+
+
+def _flags(ctx: SpanContext | None) -> int:
+    return _FLAG_HAS_IS_REMOTE | _FLAG_IS_REMOTE if ctx is not None and ctx.is_remote else _FLAG_HAS_IS_REMOTE
+
+
+def _event(event: Event) -> dict:
+    out: dict = {}
+    if event.timestamp:
+        out["timeUnixNano"] = str(event.timestamp)
+    if event.name:
+        out["name"] = event.name
+    return _with_attributes(out, event.attributes, event.dropped_attributes)
+
+
+def _link(link: Link) -> dict:
+    ctx = link.context
+    out = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
+    _with_attributes(out, link.attributes, link.dropped_attributes)
+    out["flags"] = _flags(ctx)
+    return out
+
+
+def _with_attributes(out: dict, attributes: Mapping[str, object] | None, dropped: int = 0) -> dict:
+    """``out`` given ``attributes`` and ``droppedAttributesCount``, each only if there are any."""
+    if attributes:
+        encoded = []
+        for key, value in attributes.items():
+            try:
+                encoded.append({"key": key, "value": _value(value)})
+            except (TypeError, ValueError) as e:  # as the SDK's encoder: lose the one attribute
+                log.warning("cannot encode attribute %s: %s", key, e)
+        if encoded:
+            out["attributes"] = encoded
+    if dropped:
+        out["droppedAttributesCount"] = dropped
+    return out
+
+
+def _value(value: object) -> dict:
+    """An attribute value as an OTLP/JSON AnyValue."""
+    if isinstance(value, str):
+        return {"stringValue": value}
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise ValueError(f"int64 out of range: {value}")
+        return {"intValue": str(int(value))}
+    if isinstance(value, float):
+        if not math.isfinite(value):  # JSON has no NaN or infinities: protobuf's names for them
+            return {"doubleValue": "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"}
+        return {"doubleValue": value}
+    if value is None:
+        return {}
+    if isinstance(value, bytes):
+        return {"bytesValue": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, Sequence):
+        return {"arrayValue": {"values": [_value(v) for v in value]} if value else {}}
+    if isinstance(value, Mapping):
+        kvs = [{"key": str(k), "value": _value(v)} for k, v in value.items()]
+        return {"kvlistValue": {"values": kvs} if kvs else {}}
+    raise TypeError(f"invalid attribute value type {type(value).__name__}: {value!r}")

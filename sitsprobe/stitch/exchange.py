@@ -9,11 +9,12 @@ later copy of an exchange reported that way is recognised and dropped.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 
 from ..events import CF_CHUNK_END, END_CLOSE, END_EXIT, Exchange
 from ..request import Request
 from ..routes import RouteMapper
-from .http import RequestHead, parse_request_heads, parse_response_head
+from .http import RequestHead, parse_request_heads, parse_response_head, path_of, request_line
 
 STREAM_IDLE_NS = 30_000_000_000  # an open stream (SSE, chunked) may pause this long
 
@@ -56,14 +57,22 @@ class Stitcher:
         return now_ns - ex.last_out_ns > self._idle_ns
 
     def requests(self, ex: Exchange) -> list[Request]:
-        heads = parse_request_heads(ex.req)
-        resp = parse_response_head(ex.resp)
         answered = ex.first_out_ns != 0
         end = ex.last_out_ns if answered else ex.last_in_ns
         complete = answered or ex.reason not in (END_EXIT, END_CLOSE)
         base = dict(pid=ex.tgid, comm=ex.comm, fd=ex.fd, start_ns=ex.start_ns, end_ns=end,
                     first_out_ns=ex.first_out_ns or None, local=ex.local, peer=ex.peer,
                     complete=complete)
+        if ex.n_responses <= 1 and (line := request_line(ex.req)) is not None:
+            # the common case, kept cheap: headers are parsed only for traced requests
+            method, target = line
+            path = path_of(target)
+            status = ex.statuses[0] if ex.statuses else None
+            return [Request(bytes_in=ex.bytes_in, bytes_out=ex.bytes_out, status=status,
+                            method=method, target=target, path=path,
+                            route=self._routes.route(path), head=ex.req, **base)]
+        heads = parse_request_heads(ex.req)
+        resp = parse_response_head(ex.resp)
         if not heads and resp is None:  # not HTTP: one connection-level exchange
             return [Request(protocol="tcp", bytes_in=ex.bytes_in, bytes_out=ex.bytes_out, **base)]
         n = max(len(heads), ex.n_responses, 1)
@@ -85,6 +94,18 @@ class Stitcher:
             method=head.method, target=head.target, path=head.path,
             route=self._routes.route(head.path), user_agent=head.headers.get("user-agent"),
             traceparent=head.traceparent, **base)
+
+
+def enrich(r: Request) -> Request:
+    """Add what only the headers tell (traceparent, user agent) to a request
+    about to be traced; the metrics path never pays for parsing them."""
+    if not r.head:
+        return r
+    heads = parse_request_heads(r.head, limit=1)
+    if not heads:
+        return replace(r, head=b"")
+    h = heads[0]
+    return replace(r, head=b"", traceparent=h.traceparent, user_agent=h.headers.get("user-agent"))
 
 
 def _share(total: int, n: int, i: int) -> int:

@@ -60,6 +60,21 @@ def looks_like_request(data: bytes) -> bool:
     return sp > 0 and data[:sp] in _METHODS
 
 
+def request_line(data: bytes) -> tuple[str, str] | None:
+    """(method, target) of the request ``data`` starts with: the cheap path for
+    the one-request exchanges that are nearly all of them. None if not HTTP/1."""
+    nl = data.find(b"\n", 0, _MAX_LINE)
+    if nl < 0:
+        return None
+    line = data[:nl].rstrip(b"\r")
+    parts = line.split(b" ")
+    if len(parts) != 3 or parts[2] not in _VERSIONS or parts[0].translate(None, _TCHAR):
+        return None
+    if not parts[0] or not parts[1] or len(line.translate(None, _CTL)) != len(line):
+        return None
+    return parts[0].decode("ascii"), parts[1][:MAX_TARGET].decode("latin-1")
+
+
 def parse_request_heads(data: bytes, limit: int = 16) -> list[RequestHead]:
     """Every request head that starts within ``data`` (at most ``limit``), in order.
 
@@ -113,7 +128,7 @@ def _request(data: bytes, pos: int) -> tuple[RequestHead | None, int]:
     head = RequestHead(
         method=method.decode("ascii"),
         target=target_s,
-        path=_path(target_s),
+        path=path_of(target_s),
         version=_VERSIONS.get(version, ""),
         headers=headers,
         complete=end >= 0,
@@ -183,7 +198,7 @@ def _chunked(headers: dict[str, str]) -> bool:
     return te.rpartition(",")[2].strip().lower() == "chunked"
 
 
-def _path(target: str) -> str:
+def path_of(target: str) -> str:
     path = target.partition("?")[0].partition("#")[0]
     if path.startswith("/"):
         return path

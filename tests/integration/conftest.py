@@ -117,7 +117,9 @@ class AgentHandle:
 
 
 @pytest.fixture(scope="module")
-def agent(tmp_path_factory):
+def agent(request, tmp_path_factory):
+    """The agent, configured for the module; a module may set AGENT_TRACES
+    to override the traces section (e.g. a sampling budget)."""
     require_root()
     d = tmp_path_factory.mktemp("agent")
     metrics_port = free_port()
@@ -126,7 +128,7 @@ def agent(tmp_path_factory):
             "select": {"cmdline": [TAG], "comms": ["nginx"], "rescan_interval_s": 0.2},
             "stitch": {"idle_flush_ms": 100},
             "traces": {"file": str(d / "traces.jsonl"), "otlp_endpoint": receiver.endpoint,
-                       "max_per_second": 0},
+                       "max_per_second": 0, **getattr(request.module, "AGENT_TRACES", {})},
             "metrics": {"address": "127.0.0.1", "port": metrics_port},
             "ring_buffer_mib": 64,
         }

@@ -1,17 +1,27 @@
 """sitsprobe.export.otlp: requests as OTLP server spans, through real receivers and a file."""
 from __future__ import annotations
 
+import base64
 import json
+import math
 import os
 import re
 import threading
+from http import HTTPStatus
 
 import pytest
+from google.protobuf.json_format import MessageToDict
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
 
 from sitsprobe.clock import WallClock
 from sitsprobe.errors import ConfigError
-from sitsprobe.export.otlp import OtlpJsonFileExporter, TraceExporter
+from sitsprobe.export.otlp import OtlpJsonFileExporter, TraceExporter, otlp_json
 from sitsprobe.request import Endpoint, Request, TraceParent
 from tests.otlp_receiver import GrpcOtlpReceiver, HttpOtlpReceiver, attributes
 
@@ -255,3 +265,207 @@ def test_close_process_flushes_it_and_export_after_shutdown_is_ignored(clock, tm
     exporter.shutdown()
     exporter.export(request(pid=3))
     assert len(file_spans(path)) == 2
+
+
+# --- otlp_json against the SDK's protobuf encoding, the reference ---------------------------
+
+
+def reference_otlp_json(spans) -> dict:
+    """The SDK's protobuf encoding through protobuf's JSON mapping, ids made hex."""
+    doc = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    for resource_spans in doc.get("resourceSpans", ()):
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                for obj in (span, *span.get("links", ())):
+                    for key in ("traceId", "spanId", "parentSpanId"):
+                        if key in obj:
+                            obj[key] = base64.b64decode(obj[key]).hex()
+    return doc
+
+
+class Collect(SpanExporter):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans) -> SpanExportResult:
+        self.spans += spans
+        return SpanExportResult.SUCCESS
+
+
+EVERY_VALUE = {
+    "str": "text",
+    "str.empty": "",
+    "str.unicode": "naïve ☃",
+    "int": 42,
+    "int.zero": 0,
+    "int.negative": -7,
+    "int.max": 2**63 - 1,
+    "int.min": -(2**63),
+    "float": 1.5,
+    "float.zero": 0.0,
+    "float.integral": 3.0,
+    "float.tiny": 5e-324,
+    "float.nan": math.nan,
+    "float.inf": math.inf,
+    "float.-inf": -math.inf,
+    "bool.true": True,
+    "bool.false": False,
+    "list.str": ["a", "", "c"],
+    "list.int": [1, -2, 2**63 - 1],
+    "list.float": [0.5, math.inf],
+    "list.bool": [True, False],
+    "list.empty": [],
+    "tuple.int": (3, 4),
+}
+# Kinds this SDK's attributes also hold (newer SDKs: bytes, None, mappings, mixed lists).
+MORE_VALUES = {
+    "bytes": b"\x00\xffid",
+    "bytes.empty": b"",
+    "none": None,
+    "map": {"a": 1, "b": ["x", 2.5], "c": {"d": True}},
+    "map.empty": {},
+    "list.mixed": [1, "two", 3.0, None, b"\x01"],
+    "list.nested": [[1, 2], []],
+    "int.enum": HTTPStatus.OK,
+}
+
+
+def varied_spans() -> list[ReadableSpan]:
+    """Spans of every shape the encoders must agree on, across resources and scopes."""
+    sink = Collect()
+
+    def provider(resource: Resource, **limits) -> TracerProvider:
+        p = TracerProvider(resource=resource, span_limits=SpanLimits(**limits), shutdown_on_exit=False)
+        p.add_span_processor(SimpleSpanProcessor(sink))
+        return p
+
+    vllm = provider(Resource.create({"service.name": "vllm", "process.pid": 4242, "tags": ["a", "b"]}))
+    sglang = provider(Resource({"service.name": "sglang"}, schema_url="https://opentelemetry.io/schemas/1.26.0"))
+    tight = provider(Resource({"service.name": "tight"}), max_attributes=2, max_events=1, max_links=1,
+                     max_event_attributes=1, max_link_attributes=1)
+    bare = provider(Resource({}))
+    scopes = [
+        vllm.get_tracer("sitsprobe", "1.2.3"),
+        vllm.get_tracer("other", None, schema_url="https://example.com/schema"),
+        vllm.get_tracer("scoped", "0.1", attributes={"scope.attr": 1, "scope.list": [True]}),
+        sglang.get_tracer("sitsprobe", "1.2.3"),
+        tight.get_tracer(""),
+        bare.get_tracer("bare"),
+    ]
+    sitsprobe, other, scoped, sg, tight_tracer, bare_tracer = scopes
+
+    remote = SpanContext(CALLER_TRACE, CALLER_SPAN, is_remote=True, trace_flags=TraceFlags(1),
+                         trace_state=TraceState([("vendor", "v1"), ("other", "x")]))
+    local_link = SpanContext(0x1, 0x2, is_remote=False, trace_flags=TraceFlags(1))
+    remote_ctx = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+
+    t = OFFSET_NS
+    root = sitsprobe.start_span("root", kind=SpanKind.SERVER, attributes=EVERY_VALUE, start_time=t)
+    child = sitsprobe.start_span("child", context=trace.set_span_in_context(root), kind=SpanKind.CLIENT,
+                                 start_time=t + 1)
+    child.set_status(StatusCode.ERROR, "upstream timed out")
+    child.end(t + 2)
+    root.set_status(StatusCode.ERROR)
+    root.end(t + 3)
+
+    joined = other.start_span("joined", context=remote_ctx, kind=SpanKind.PRODUCER, start_time=t + 4,
+                              links=[trace.Link(local_link, {"link.kind": "follows", "link.n": [1, 2]}),
+                                     trace.Link(remote)])
+    joined.add_event("first", {"e.str": "x", "e.float": 2.5, "e.list": ["a"]}, timestamp=t + 5)
+    joined.add_event("bare", timestamp=t + 6)
+    joined.set_status(StatusCode.OK)
+    joined.end(t + 7)
+
+    s = scoped.start_span("", kind=SpanKind.CONSUMER, attributes=MORE_VALUES, start_time=t + 8)
+    s.set_attribute("too.big", 2**64)  # protobuf's int64 cannot hold it: both encoders leave it out
+    s.end(t + 9)
+
+    sg.start_span("sglang internal", start_time=t + 10).end(t + 11)
+    # Interleaved with the resources before it, so that grouping keeps first-appearance order.
+    sitsprobe.start_span("late", kind=SpanKind.SERVER, start_time=t + 12).end(t + 13)
+
+    crowded = tight_tracer.start_span(
+        "crowded", context=remote_ctx, attributes={"a": 1, "b": 2, "c": 3, "d": 4}, start_time=t + 14,
+        links=[Link(remote), Link(local_link, {"x": 1, "y": 2})],  # the SDK keeps the newest
+    )
+    crowded.add_event("pushed out", timestamp=t + 15)
+    crowded.add_event("kept", {"p": 1, "q": 2}, timestamp=t + 16)
+    crowded.end(t + 17)
+
+    bare_tracer.start_span("bare", start_time=t + 18).end(t + 19)
+
+    spans = list(sink.spans)
+    # An equal Resource that is another object, and a span with no scope at all.
+    twin = Resource.create({"service.name": "vllm", "process.pid": 4242, "tags": ["a", "b"]})
+    spans.append(ReadableSpan("twin", context=spans[0].context, resource=twin, attributes={"k": "v"},
+                              start_time=t + 20, end_time=t + 21,
+                              instrumentation_scope=spans[0].instrumentation_scope))
+    spans.append(ReadableSpan("unscoped", context=spans[0].context, parent=spans[0].context,
+                              resource=bare.resource, start_time=0, end_time=None))
+    return spans
+
+
+def test_otlp_json_equals_the_sdk_encoding_for_every_shape():
+    spans = varied_spans()
+    doc = otlp_json(spans)
+    assert doc == reference_otlp_json(spans)
+    # The shapes are all there: the twin resource joins the first, "unscoped" has a scope of its own.
+    groups = [[[s.get("name", "") for s in ss["spans"]] for ss in rs["scopeSpans"]] for rs in doc["resourceSpans"]]
+    assert groups == [
+        [["child", "root", "late", "twin"], ["joined"], [""]],
+        [["sglang internal"]],
+        [["crowded"]],
+        [["bare"], ["unscoped"]],
+    ]
+    assert doc["resourceSpans"][3] == {
+        "resource": {},
+        "scopeSpans": [
+            {"scope": {"name": "bare"}, "spans": [doc["resourceSpans"][3]["scopeSpans"][0]["spans"][0]]},
+            {"scope": {}, "spans": [{"traceId": doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"],
+                                     "spanId": doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["spanId"],
+                                     "parentSpanId": doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["spanId"],
+                                     "flags": 0x100, "name": "unscoped", "kind": 1, "status": {}}]},
+        ],
+    }
+    encoded = [s for rs in doc["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    by_name = {s.get("name", ""): s for s in encoded}
+    assert by_name["child"]["status"] == {"code": 2, "message": "upstream timed out"}
+    assert by_name["root"]["status"] == {"code": 2} and "parentSpanId" not in by_name["root"]
+    assert by_name["child"]["parentSpanId"] == by_name["root"]["spanId"]
+    assert by_name["child"]["flags"] == 0x100
+    assert by_name["joined"]["flags"] == 0x300 and by_name["joined"]["traceState"] == "vendor=v1,other=x"
+    assert by_name["joined"]["links"][1] == {"traceId": f"{CALLER_TRACE:032x}", "spanId": f"{CALLER_SPAN:016x}",
+                                             "flags": 0x300}
+    assert by_name["joined"]["events"][0]["timeUnixNano"] == str(OFFSET_NS + 5)
+    assert by_name["crowded"]["droppedAttributesCount"] == 2
+    assert by_name["crowded"]["droppedEventsCount"] == 1 and by_name["crowded"]["droppedLinksCount"] == 1
+    assert by_name["crowded"]["events"][0]["droppedAttributesCount"] == 1
+    assert by_name["crowded"]["links"][0]["droppedAttributesCount"] == 1
+    root_attrs = {a["key"]: a["value"] for a in by_name["root"]["attributes"]}
+    assert root_attrs["int.max"] == {"intValue": str(2**63 - 1)}
+    assert root_attrs["float.nan"] == {"doubleValue": "NaN"}
+    assert root_attrs["list.empty"] == {"arrayValue": {}}
+    assert "too.big" not in {a["key"] for a in by_name[""]["attributes"]}
+
+
+def test_otlp_json_is_strict_json_and_one_line():
+    spans = varied_spans()
+    text = json.dumps(otlp_json(spans), separators=(",", ":"), allow_nan=False)
+    assert "\n" not in text
+    assert json.loads(text) == reference_otlp_json(spans)
+
+
+def test_otlp_json_equals_the_sdk_encoding_for_exported_requests(clock):
+    sink = Collect()
+    exporter = TraceExporter(clock=clock, queue_size=64)
+    exporter.sinks = (sink,)
+    export_all(
+        exporter,
+        request(traceparent=TraceParent(CALLER_TRACE, CALLER_SPAN, 1)),
+        request(pid=7, comm="sglang", status=503),
+        request(protocol="tcp", method=None, target=None, path=None, route=None, status=None, user_agent=None),
+        request(pid=7, comm="sglang", complete=False, status=None, first_out_ns=None),
+    )
+    assert len(sink.spans) == 4
+    assert otlp_json(sink.spans) == reference_otlp_json(sink.spans)
+    assert otlp_json([]) == reference_otlp_json([]) == {}

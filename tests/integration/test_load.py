@@ -1,0 +1,88 @@
+"""A real static server (nginx) saturated by a real load tool (ab): the agent's
+request counter must equal the tool's tally, and every request the kernel
+reported must be in the histogram or in the lost-events count."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import free_port, wait_until
+
+AGENT_TRACES = {"max_per_second": 200}  # traces are sampled under load; metrics are not
+
+NGINX_CONF = """\
+user root;
+worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    sendfile on;
+    keepalive_requests 1000000;
+    client_body_temp_path {d}/tmp;
+    proxy_temp_path {d}/tmp;
+    fastcgi_temp_path {d}/tmp;
+    uwsgi_temp_path {d}/tmp;
+    scgi_temp_path {d}/tmp;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ root {d}/www; }}
+    }}
+}}
+"""
+
+
+@pytest.fixture
+def nginx(agent, tmp_path: Path):
+    if not shutil.which("nginx") or not shutil.which("ab"):
+        pytest.skip("nginx and ab (apache2-utils) are needed: .ci/run installs them")
+    port = free_port()
+    (tmp_path / "www").mkdir()
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "www" / "index.html").write_text("<h1>sitsprobe</h1>\n" * 20)
+    (tmp_path / "nginx.conf").write_text(NGINX_CONF.format(d=tmp_path, port=port))
+    proc = subprocess.Popen(["nginx", "-c", str(tmp_path / "nginx.conf"), "-p", str(tmp_path)])
+    pids = wait_until(lambda: _children(proc.pid), 10, "the nginx worker")
+    wait_until(lambda: all(agent.tracks(p) for p in pids), 10, "the agent to track nginx")
+    yield port, pids[0]
+    proc.terminate()
+    proc.wait(10)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_request_counter_equals_the_load_tools_tally_under_saturation(agent, nginx):
+    port, worker = nginx
+    out = subprocess.run(["ab", "-k", "-q", "-n", "150000", "-c", "16",
+                          f"http://127.0.0.1:{port}/index.html"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    complete = int(re.search(r"Complete requests:\s+(\d+)", out).group(1))
+    failed = int(re.search(r"Failed requests:\s+(\d+)", out).group(1))
+    rate = float(re.search(r"Requests per second:\s+([\d.]+)", out).group(1))
+    assert complete == 150000 and failed == 0 and "Non-2xx" not in out
+    print(f"ab: {complete} requests at {rate:.0f}/s with the agent attached")
+
+    counted = wait_until(
+        lambda: (n := agent.metric("sitsprobe_http_server_requests_total", pid=worker)) >= complete and n,
+        30, "the kernel counter to reach the tally")
+    assert counted == complete
+
+    def stitched():
+        return agent.metric("http_server_request_duration_seconds_count",
+                            process="nginx", route="/index.html")
+
+    lost = agent.metric("sitsprobe_events_lost_total", reason="ring_buffer_full")
+    wait_until(lambda: stitched() + lost >= complete, 60, "the agent to stitch every reported request")
+    print(f"stitched {stitched():.0f}, lost in the ring {lost:.0f}")
+    assert stitched() + lost == complete
