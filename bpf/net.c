@@ -276,9 +276,21 @@ TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { return leave(args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendfile64) { return enter(args->out_fd, 0, K_NOCOPY | SEND); }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendfile64) { return leave(args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_accept) { return enter(args->fd, args->upeer_sockaddr, K_ACCEPT); }
-TRACEPOINT_PROBE(syscalls, sys_exit_accept) { return leave(args->ret); }
+/* An accept that was already blocked when the process became tracked has no
+ * entry half to remember; take its connection anyway (peer from the tuple). */
+static __always_inline int leave_accept(long ret)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    struct args none = {.kind = K_ACCEPT};
+    if (ret < 0 || inflight.lookup(&id) || !is_tracked(id >> 32))
+        return leave(ret);
+    on_accept(&none, id >> 32, ret);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_accept) { return leave_accept(args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_accept4) { return enter(args->fd, args->upeer_sockaddr, K_ACCEPT); }
-TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { return leave(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { return leave_accept(args->ret); }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_close)
 {

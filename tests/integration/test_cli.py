@@ -1,0 +1,85 @@
+"""The CLI as a user runs it: stops by itself or on a signal, flushing
+everything, and leaves no BPF program behind; bad input is one clear line."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from .conftest import ROOT, Server, TraceFile, require_root, wait_until
+
+
+def sitsprobe(*args: str, log=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sitsprobe.cli", *args], cwd=ROOT,
+                            stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def prog_ids() -> set[int]:
+    out = subprocess.run(["bpftool", "prog", "show", "--json"], capture_output=True, text=True,
+                         check=True).stdout
+    return {p["id"] for p in json.loads(out)}
+
+
+def uprobe_and_kprobe_events() -> str:
+    text = ""
+    for name in ("uprobe_events", "kprobe_events"):
+        try:
+            text += open(f"/sys/kernel/tracing/{name}").read()
+        except OSError:
+            pass
+    return text
+
+
+@pytest.mark.parametrize("stop", ["duration", "SIGINT", "SIGTERM"])
+def test_run_stops_flushes_and_leaves_nothing_behind(tmp_path, stop):
+    require_root()
+    before_progs, before_events = prog_ids(), uprobe_and_kprobe_events()
+    traces = TraceFile(tmp_path / "t.jsonl")
+    with Server(None) as server:
+        args = ["run", "--pid", str(server.pid), "--traces-file", str(traces.path),
+                "--metrics-port", "0"]
+        log = tmp_path / "agent.log"
+        agent = sitsprobe(*args, *(["--duration", "10"] if stop == "duration" else []),
+                          log=log.open("w"))
+        wait_until(lambda: "tracing 1 process" in log.read_text(), 60, "the agent to start")
+        for i in range(5):
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/cli/{i}", timeout=5).read()
+        if stop != "duration":
+            agent.send_signal(getattr(signal, stop))
+        agent.wait(60)
+        out = log.read_text()
+    assert agent.returncode == 0, out
+    assert len(traces.for_port(server.port)) == 5, out
+    wait_until(lambda: not (prog_ids() - before_progs), 10, "every program of ours to be unloaded")
+    assert uprobe_and_kprobe_events() == before_events
+
+
+def test_bad_config_is_one_line_naming_file_and_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("capture:\n  request_bytes: 99999\n")
+    p = sitsprobe("run", "-c", str(bad), "--pid", "1")
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 2
+    assert out.strip() == (f"sitsprobe: {bad}: capture.request_bytes: "
+                           "expected an integer 16..4096, got 99999")
+
+
+def test_nothing_selected_is_a_clear_error():
+    p = sitsprobe("run", "--duration", "1")
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 2
+    assert "nothing to trace" in out and "--pid" in out
+
+
+def test_doctor_json_says_what_loads_here():
+    require_root()
+    p = sitsprobe("doctor", "--json")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out
+    report = json.loads(out)
+    assert report["ok"] is True
+    assert "tcp_sendmsg" in report["plan"]["net"]
