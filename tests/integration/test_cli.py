@@ -40,8 +40,9 @@ def test_run_stops_flushes_and_leaves_nothing_behind(tmp_path, stop):
     before_progs, before_events = prog_ids(), uprobe_and_kprobe_events()
     traces = TraceFile(tmp_path / "t.jsonl")
     with Server(None) as server:
-        args = ["run", "--pid", str(server.pid), "--traces-file", str(traces.path),
-                "--metrics-port", "0"]
+        # select by pid, or (SIGTERM case) by the port the server listens on
+        by = ["--port", str(server.port)] if stop == "SIGTERM" else ["--pid", str(server.pid)]
+        args = ["run", *by, "--traces-file", str(traces.path), "--metrics-port", "0"]
         log = tmp_path / "agent.log"
         agent = sitsprobe(*args, *(["--duration", "10"] if stop == "duration" else []),
                           log=log.open("w"))
