@@ -46,3 +46,30 @@ class ProcessNotice:
     kind: str
     tgid: int
     comm: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerEvent:
+    """One call of the engine's marker API, seen by the agent.
+
+    kind: "request_begin" (fd, name=model), "request_end", "range_begin" /
+    "range_end" (name=stage; batch_id set for a batch-level range),
+    "batch" (batch_id, request_ids = every request the batch serves),
+    "cache_get" (name=cache, key, hit), "usage" (input_tokens,
+    output_tokens, kv_bytes).
+    """
+
+    kind: str
+    ts_ns: int
+    tgid: int
+    tid: int
+    request_id: int = 0
+    batch_id: int = 0
+    fd: int = -1
+    name: str = ""
+    key: str = ""
+    hit: bool | None = None
+    request_ids: tuple[int, ...] = ()
+    input_tokens: int = 0
+    output_tokens: int = 0
+    kv_bytes: int = 0
