@@ -25,6 +25,49 @@ class TraceParent:
 
 
 @dataclass(frozen=True, slots=True)
+class Stage:
+    """An engine stage (queue, prefill, a decode step, ...) a request went through."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+    batch_id: int = 0  # a batched step: the batch, and how many requests it served
+    batch_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLookup:
+    cache: str  # "prefix", "completion", "redis"
+    key: str  # as the engine named it (a digest or prefix, never a raw prompt)
+    hit: bool
+    ts_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Inference:
+    """What an instrumented engine said about one request, through its markers."""
+
+    request_id: int
+    model: str
+    start_ns: int
+    end_ns: int
+    stages: tuple[Stage, ...] = ()
+    cache: tuple[CacheLookup, ...] = ()
+    input_tokens: int = 0
+    output_tokens: int = 0
+    kv_bytes: int = 0  # KV-cache bytes held at the peak
+
+    def first_token_ns(self) -> int | None:
+        """When the first output token existed: the end of prefill."""
+        ends = [s.end_ns for s in self.stages if s.name == "prefill"]
+        return min(ends) if ends else None
+
+    def last_decode_ns(self) -> int | None:
+        ends = [s.end_ns for s in self.stages if s.name == "decode"]
+        return max(ends) if ends else None
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
     """One request/response exchange on a server connection.
 
@@ -52,6 +95,24 @@ class Request:
     traceparent: TraceParent | None = None
     complete: bool = True  # False: the process exited or closed mid-request
     head: bytes = field(default=b"", repr=False)  # captured request bytes, for enrich()
+    inference: Inference | None = None  # joined from the engine's markers
+
+    @property
+    def ttft_ns(self) -> int | None:
+        """Time to first token: first request byte in to the end of prefill."""
+        t = self.inference.first_token_ns() if self.inference else None
+        return None if t is None else max(0, t - self.start_ns)
+
+    @property
+    def tpot_ns(self) -> float | None:
+        """Time per output token after the first."""
+        inf = self.inference
+        if inf is None or inf.output_tokens < 2:
+            return None
+        first, last = inf.first_token_ns(), inf.last_decode_ns()
+        if first is None or last is None or last <= first:
+            return None
+        return (last - first) / (inf.output_tokens - 1)
 
     @property
     def duration_ns(self) -> int:

@@ -94,7 +94,29 @@ class TraceExporter:
             )
             if req.is_error:
                 span.set_status(Status(StatusCode.ERROR))
+            if req.inference is not None:
+                self._engine_spans(req, span)
             span.end(self._clock.to_wall_ns(req.end_ns))
+
+    def _engine_spans(self, req: Request, parent) -> None:
+        """The engine's stages and cache look-ups, as children of the server span."""
+        tracer = self._process(req.pid, req.comm).tracer
+        ctx = trace.set_span_in_context(parent)
+        wall = self._clock.to_wall_ns
+        for st in req.inference.stages:
+            attrs = {"sitsprobe.stage": st.name}
+            if st.batch_id:
+                attrs.update({"sitsprobe.batch.id": st.batch_id, "sitsprobe.batch.size": st.batch_size})
+            child = tracer.start_span(st.name, context=ctx, kind=SpanKind.INTERNAL,
+                                      attributes=attrs, start_time=wall(st.start_ns))
+            child.end(wall(st.end_ns))
+        for c in req.inference.cache:
+            child = tracer.start_span(f"cache_get {c.cache}", context=ctx, kind=SpanKind.INTERNAL,
+                                      attributes={"sitsprobe.cache.name": c.cache,
+                                                  "sitsprobe.cache.key": c.key,
+                                                  "sitsprobe.cache.hit": c.hit},
+                                      start_time=wall(c.ts_ns))
+            child.end(wall(c.ts_ns))
 
     def force_flush(self, timeout_ms: int = 30_000) -> bool:
         with self._lock:
@@ -189,7 +211,25 @@ def span_attributes(req: Request) -> dict[str, str | int | float | bool]:
             "network.protocol.version": version or None,
             "user_agent.original": req.user_agent,
         })
+    if req.inference is not None:
+        attrs.update(_gen_ai_attributes(req))
     return {k: v for k, v in attrs.items() if v is not None}
+
+
+def _gen_ai_attributes(req: Request) -> dict:
+    inf = req.inference
+    chat = (req.path or "").endswith("/chat/completions")
+    ttft, tpot = req.ttft_ns, req.tpot_ns
+    return {
+        "gen_ai.operation.name": "chat" if chat else "text_completion",
+        "gen_ai.request.model": inf.model or None,
+        "gen_ai.usage.input_tokens": inf.input_tokens,
+        "gen_ai.usage.output_tokens": inf.output_tokens,
+        "gen_ai.server.time_to_first_token": None if ttft is None else ttft / 1e9,
+        "gen_ai.server.time_per_output_token": None if tpot is None else tpot / 1e9,
+        "sitsprobe.engine.request_id": inf.request_id,
+        "sitsprobe.kv_cache.peak_bytes": inf.kv_bytes,
+    }
 
 
 def _error_type(req: Request) -> str | None:

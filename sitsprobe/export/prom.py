@@ -15,28 +15,57 @@ from ..request import Request
 
 # OpenTelemetry's advice for http.server.request.duration, in seconds
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+# ... and for gen_ai.server.time_to_first_token / time_per_output_token
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Histograms:
+    """Labelled histograms over plain lists; not thread-safe (callers lock)."""
+
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]):
+        self.name, self.doc, self.labels, self.buckets = name, doc, labels, buckets
+        self._series: dict[tuple[str, ...], list] = {}
+
+    def observe(self, labels: tuple[str, ...], value: float) -> None:
+        h = self._series.get(labels)
+        if h is None:
+            h = self._series[labels] = [[0] * (len(self.buckets) + 1), 0.0]
+        h[0][bisect.bisect_left(self.buckets, value)] += 1
+        h[1] += value
+
+    def family(self) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        for labels, (counts, total) in self._series.items():
+            acc, buckets = 0, []
+            for bound, n in zip((*map(str, self.buckets), "+Inf"), counts):
+                acc += n
+                buckets.append((bound, acc))
+            fam.add_metric(list(labels), buckets, total)
+        return fam
 
 
 class RequestMetrics:
     """A Collector over plain dicts: observing a request is a dict lookup and a
     bisect, cheap enough for every request at tens of thousands per second."""
 
-    def __init__(self, buckets: tuple[float, ...] = DURATION_BUCKETS):
-        self._buckets = buckets
+    def __init__(self):
         self._lock = threading.Lock()
-        self._hist: dict[tuple[str, str, str, str], list] = {}
+        self._http = Histograms(
+            "http_server_request_duration_seconds",
+            "Duration of HTTP server requests, first byte in to last byte out, seen in the kernel",
+            ("process", "method", "route", "status"), DURATION_BUCKETS)
         self._bytes: dict[tuple[str, str], list[int]] = {}
+        self._engine = EngineMetrics()
 
     def observe(self, r: Request) -> None:
-        seconds = r.duration_ns / 1e9
         labels = (r.comm, r.method or "_OTHER" if r.protocol != "tcp" else "",
                   r.route or "", str(r.status) if r.status else "")
         with self._lock:
-            h = self._hist.get(labels)
-            if h is None:
-                h = self._hist[labels] = [[0] * (len(self._buckets) + 1), 0.0]
-            h[0][bisect.bisect_left(self._buckets, seconds)] += 1
-            h[1] += seconds
+            self._http.observe(labels, r.duration_ns / 1e9)
+            if r.inference is not None:
+                self._engine.observe(r)
             b = self._bytes.get((r.comm, r.protocol))
             if b is None:
                 b = self._bytes[(r.comm, r.protocol)] = [0, 0, 0]
@@ -44,11 +73,12 @@ class RequestMetrics:
             b[1] += r.bytes_out
             b[2] += 1
 
+    def observe_batches(self, sizes: list[int]) -> None:
+        with self._lock:
+            for n in sizes:
+                self._engine.batch.observe((), n)
+
     def collect(self):
-        hist = HistogramMetricFamily(
-            "http_server_request_duration_seconds",
-            "Duration of HTTP server requests, first byte in to last byte out, seen in the kernel",
-            labels=("process", "method", "route", "status"))
         size_in = CounterMetricFamily("sitsprobe_request_bytes", "Bytes received in requests",
                                       labels=("process", "protocol"))
         size_out = CounterMetricFamily("sitsprobe_response_bytes", "Bytes sent in responses",
@@ -57,17 +87,53 @@ class RequestMetrics:
                                        "Requests stitched from kernel events (HTTP and connection-level)",
                                        labels=("process", "protocol"))
         with self._lock:
-            for labels, (counts, total) in self._hist.items():
-                acc, buckets = 0, []
-                for bound, n in zip((*map(str, self._buckets), "+Inf"), counts):
-                    acc += n
-                    buckets.append((bound, acc))
-                hist.add_metric(list(labels), buckets, total)
+            families = [self._http.family(), *self._engine.families()]
             for (comm, proto), (bin_, bout, n) in self._bytes.items():
                 size_in.add_metric([comm, proto], bin_)
                 size_out.add_metric([comm, proto], bout)
                 stitched.add_metric([comm, proto], n)
-        yield from (hist, size_in, size_out, stitched)
+        yield from (*families, size_in, size_out, stitched)
+
+
+class EngineMetrics:
+    """GenAI server metrics from requests joined to engine markers."""
+
+    def __init__(self):
+        self.ttft = Histograms("gen_ai_server_time_to_first_token_seconds",
+                               "Time to first token: first request byte in to the end of prefill",
+                               ("process", "model"), TTFT_BUCKETS)
+        self.tpot = Histograms("gen_ai_server_time_per_output_token_seconds",
+                               "Time per output token after the first", ("process", "model"), TPOT_BUCKETS)
+        self.duration = Histograms("gen_ai_server_request_duration_seconds",
+                                   "Inference request duration, seen from the network",
+                                   ("process", "model"), DURATION_BUCKETS)
+        self.batch = Histograms("sitsprobe_engine_batch_size", "Requests served per batched step",
+                                (), BATCH_BUCKETS)
+        self.cache: dict[tuple[str, str], list[int]] = {}  # (process, cache) -> [hits, misses]
+
+    def observe(self, r: Request) -> None:
+        labels = (r.comm, r.inference.model)
+        self.duration.observe(labels, r.duration_ns / 1e9)
+        if (ttft := r.ttft_ns) is not None:
+            self.ttft.observe(labels, ttft / 1e9)
+        if (tpot := r.tpot_ns) is not None:
+            self.tpot.observe(labels, tpot / 1e9)
+        for c in r.inference.cache:
+            counts = self.cache.setdefault((r.comm, c.cache), [0, 0])
+            counts[0 if c.hit else 1] += 1
+
+    def families(self):
+        lookups = CounterMetricFamily("sitsprobe_engine_cache_lookups",
+                                      "Engine cache look-ups (prefix, completion), by result",
+                                      labels=("process", "cache", "result"))
+        ratio = GaugeMetricFamily("sitsprobe_engine_cache_hit_ratio",
+                                  "Hits over look-ups since start", labels=("process", "cache"))
+        for (comm, cache), (hits, misses) in self.cache.items():
+            lookups.add_metric([comm, cache, "hit"], hits)
+            lookups.add_metric([comm, cache, "miss"], misses)
+            ratio.add_metric([comm, cache], hits / (hits + misses))
+        return [self.ttft.family(), self.tpot.family(), self.duration.family(), self.batch.family(),
+                lookups, ratio]
 
 
 class KernelMetrics:

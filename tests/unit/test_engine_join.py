@@ -1,0 +1,111 @@
+"""Engine markers joined to network requests: stages, batches, cache, usage."""
+from __future__ import annotations
+
+import json
+
+from sitsprobe.clock import WallClock
+from sitsprobe.events import MarkerEvent
+from sitsprobe.export.otlp import TraceExporter
+from sitsprobe.export.prom import RequestMetrics
+from sitsprobe.request import Request
+from sitsprobe.stitch.engine import EngineJoin
+
+PID, FD = 4242, 9
+
+
+def m(kind, ts, **kw):
+    return MarkerEvent(kind=kind, ts_ns=ts, tgid=PID, tid=PID, **kw)
+
+
+def request(start, end, fd=FD, path="/v1/completions"):
+    return Request(pid=PID, comm="engine", fd=fd, start_ns=start, end_ns=end, first_out_ns=end - 10,
+                   bytes_in=100, bytes_out=200, method="POST", path=path, route=path, status=200)
+
+
+def two_requests_in_one_batch(j: EngineJoin):
+    for rid, fd, t0 in ((1, FD, 1000), (2, FD + 1, 1100)):
+        j.on_marker(m("request_begin", t0, request_id=rid, fd=fd, name="tiny"))
+        j.on_marker(m("range_begin", t0 + 10, request_id=rid, name="prefill"))
+        j.on_marker(m("cache_get", t0 + 20, request_id=rid, name="prefix", key="ab12", hit=rid == 2))
+        j.on_marker(m("range_end", t0 + 300, request_id=rid, name="prefill"))
+    for step, t in ((7, 2000), (8, 3000)):
+        j.on_marker(m("batch", t, batch_id=step, request_ids=(1, 2)))
+        j.on_marker(m("range_begin", t, batch_id=step, name="decode"))
+        j.on_marker(m("range_end", t + 500, batch_id=step, name="decode"))
+    for rid in (1, 2):
+        j.on_marker(m("usage", 4000, request_id=rid, input_tokens=5, output_tokens=3, kv_bytes=4096))
+        j.on_marker(m("request_end", 4100, request_id=rid))
+
+
+def test_a_batched_step_appears_under_every_request_it_served():
+    j = EngineJoin()
+    two_requests_in_one_batch(j)
+    [r1] = j.on_request(request(900, 5000), now_ns=5000)
+    [r2] = j.on_request(request(950, 5000, fd=FD + 1), now_ns=5000)
+    for r in (r1, r2):
+        names = [s.name for s in r.inference.stages]
+        assert names == ["prefill", "decode", "decode"]
+        assert [s.batch_size for s in r.inference.stages if s.name == "decode"] == [2, 2]
+        assert r.inference.output_tokens == 3 and r.inference.kv_bytes == 4096
+    assert r1.inference.cache[0].hit is False and r2.inference.cache[0].hit is True
+    assert r1.ttft_ns == 1300 - 900  # end of prefill minus first byte in
+    assert r1.tpot_ns == (3500 - 1300) / 2
+    assert j.batch_sizes == [2, 2]
+
+
+def test_a_request_waits_for_its_markers_then_goes_without_them():
+    j = EngineJoin(hold_ns=1000)
+    j.on_marker(m("request_begin", 10, request_id=1, fd=FD))  # the process is instrumented
+    early = request(5, 50)
+    assert j.on_request(early, now_ns=100) == []  # held: request_end not seen yet
+    j.on_marker(m("request_end", 40, request_id=1))
+    [joined] = j.due(now_ns=200)
+    assert joined.inference.request_id == 1
+    lonely = request(500, 600, fd=FD + 5)
+    assert j.on_request(lonely, now_ns=700) == []
+    assert j.due(now_ns=1699) == []
+    assert j.due(now_ns=1700) == [lonely]
+
+
+def test_uninstrumented_processes_pass_straight_through():
+    j = EngineJoin()
+    r = request(1, 2)
+    assert j.on_request(r, now_ns=3) == [r]
+
+
+def test_stage_spans_and_gen_ai_attributes_are_exported(tmp_path):
+    j = EngineJoin()
+    two_requests_in_one_batch(j)
+    [r1] = j.on_request(request(900, 5000), now_ns=5000)
+    out = tmp_path / "t.jsonl"
+    e = TraceExporter(clock=WallClock(), traces_file=str(out))
+    e.export(r1)
+    e.shutdown()
+    spans = [s for line in out.read_text().splitlines()
+             for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    server = next(s for s in spans if s["kind"] == 2)
+    children = [s for s in spans if s.get("parentSpanId") == server["spanId"]]
+    assert sorted(s["name"] for s in children) == ["cache_get prefix", "decode", "decode", "prefill"]
+    attrs = {kv["key"]: list(kv["value"].values())[0] for kv in server["attributes"]}
+    assert attrs["gen_ai.request.model"] == "tiny"
+    assert attrs["gen_ai.usage.output_tokens"] == "3"  # int64 as a JSON string
+    decode = next(s for s in children if s["name"] == "decode")
+    dattrs = {kv["key"]: list(kv["value"].values())[0] for kv in decode["attributes"]}
+    assert dattrs["sitsprobe.batch.size"] == "2"
+
+
+def test_gen_ai_metrics():
+    j = EngineJoin()
+    two_requests_in_one_batch(j)
+    metrics = RequestMetrics()
+    for fd, start in ((FD, 900), (FD + 1, 950)):
+        for r in j.on_request(request(start, 5000, fd=fd), now_ns=5000):
+            metrics.observe(r)
+    metrics.observe_batches(j.batch_sizes)
+    fams = {f.name: f for f in metrics.collect()}
+    ttft = fams["gen_ai_server_time_to_first_token_seconds"]
+    assert [s.value for s in ttft.samples if s.name.endswith("_count")] == [2]
+    ratio = fams["sitsprobe_engine_cache_hit_ratio"].samples[0].value
+    assert ratio == 0.5
+    batch = fams["sitsprobe_engine_batch_size"]
+    assert [s.value for s in batch.samples if s.name.endswith("_count")] == [2]
