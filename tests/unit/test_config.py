@@ -42,7 +42,7 @@ def test_defaults_load():
     assert (c.stitch.idle_flush_ms, c.stitch.max_connections) == (500, 16384)
     assert c.routes.templates == () and c.routes.collapse_ids is True and c.routes.max_routes == 500
     assert c.traces.file is None and c.traces.otlp_endpoint is None and c.traces.otlp_protocol is None
-    assert (c.traces.max_per_second, c.traces.keep_slowest) == (1000, 20)
+    assert (c.traces.max_per_second, c.traces.keep_slowest) == (200, 20)
     assert (c.metrics.address, c.metrics.port) == ("0.0.0.0", 9102)
     assert c.duration_s is None and c.kernel_headers is None and c.log_level == "info"
 
