@@ -126,7 +126,8 @@ class Engine:
 class Watch:
     """Everything the agent's GPU layer holds, fed from the sampler's thread and this one."""
 
-    def __init__(self) -> None:
+    def __init__(self, sampler: NvmlSampler) -> None:
+        self.sampler = sampler
         self.lock = threading.Lock()
         self.busy = CollapseDetector(CHECK_CONFIG)  # on the sampler's busy signal
         self.rates = CollapseDetector(CHECK_CONFIG)  # on nvmlDeviceGetUtilizationRates
@@ -141,10 +142,12 @@ class Watch:
                 self.alerts += [("utilization.gpu", a) for a in self.rates.observe_gpu(
                     s.gpu, s.ts_ns, s.util_gpu_percent, s.throttle_reasons)]
 
-    def demand(self, gpu: int, pid: int, ts: int, n: int, host, shares) -> None:
+    def demand(self, pid: int, ts: int, n: int, host, shares) -> None:
+        gpus = self.sampler.process_gpus().get(pid) or (0,)  # (0,): not seen on a GPU yet
         with self.lock:
             for d in (self.busy, self.rates):
-                d.observe_demand(gpu, pid, ts, n)
+                for gpu in gpus:
+                    d.observe_demand(gpu, pid, ts, n)
                 if host is not None:
                     d.observe_host(pid, ts, host.on_cpu_max, host.runq_wait_max)
                 if shares is not None:
@@ -166,8 +169,7 @@ def run_phase(name: str, seconds: float, burn_ms: int, args, watch: Watch, cuda,
          "--rate", str(args.rate), "--requests", str(int(args.rate * seconds)), "--max-tokens", "32",
          "--timeout", "30", "--json", str(out)], stdout=subprocess.DEVNULL, cwd=ROOT)
     start_ns, start_samples = time.monotonic_ns(), len(watch.samples)
-    host, last_line = None, 0.0
-    gpu = 0  # the engine runs on CUDA device 0
+    host, last_line, gpu = None, 0.0, 0
     rows = []
     while load.poll() is None and time.monotonic_ns() - start_ns < (seconds + 40) * 1e9:
         time.sleep(0.5)
@@ -177,10 +179,11 @@ def run_phase(name: str, seconds: float, burn_ms: int, args, watch: Watch, cuda,
         host = hosts.sample(engine.pid) or host
         share = next((s for s in shares.update(cuda.counts(), now) if s.pid == engine.pid), None) \
             if cuda is not None else None
-        watch.demand(gpu, engine.pid, now, engine.in_flight(), host, share)
+        watch.demand(engine.pid, now, engine.in_flight(), host, share)
+        gpu = (watch.sampler.process_gpus().get(engine.pid) or (gpu,))[0]
         if time.monotonic() - last_line >= 5:
             last_line = time.monotonic()
-            rows.append(_line(watch, engine, host, share, cuda, now - start_ns))
+            rows.append(_line(watch, gpu, engine, host, share, cuda, now - start_ns))
     if load.poll() is None:
         load.kill()
     load.wait()
@@ -222,14 +225,16 @@ def _mean(values) -> float | None:
     return round(sum(v) / len(v), 3) if v else None
 
 
-def _line(watch: Watch, engine: Engine, host, share, cuda, elapsed_ns: int) -> dict:
+def _line(watch: Watch, gpu: int, engine: Engine, host, share, cuda, elapsed_ns: int) -> dict:
     with watch.lock:
-        s = watch.samples[-1] if watch.samples else None
-        recent = [x for x in watch.samples[-25:] if x.busy_percent is not None]
-        state = watch.busy.status().get(0, {})
+        mine = [x for x in watch.samples[-200:] if x.gpu == gpu]
+        s = mine[-1] if mine else None
+        recent = [x for x in mine[-25:] if x.busy_percent is not None]
+        state = watch.busy.status().get(gpu, {})
     smi = nvidia_smi()
     row = {
         "t_s": round(elapsed_ns / 1e9, 1),
+        "gpu": gpu,
         "signal": s.signal if s else None,
         "busy_percent_5s": _mean([x.busy_percent for x in recent]),
         "util_gpu_percent": s.util_gpu_percent if s else None,
@@ -293,8 +298,8 @@ def main() -> int:
         return 2
     say(f"gpu_check: NVML sees {reason}")
     say(f"nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv: {nvidia_smi()}")
-    watch = Watch()
     sampler = NvmlSampler(backend, interval_s=args.interval)
+    watch = Watch(sampler)
     gpus = sampler.start(watch.on_sample)
     say("busy signal per GPU: " + ", ".join(f"{g.index} {g.name}: {sig}"
                                               for g, sig in zip(gpus, sampler.signals().values())))

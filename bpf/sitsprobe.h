@@ -108,4 +108,207 @@ struct status_key {
     __u32 status;
 };
 
+/* ---- cuda: begin ---- */
+/* CUDA runtime and driver API uprobes (bpf/cuda.c), counted in the kernel per
+ * (tgid, function, copy direction); userspace reads the map at scrape time.
+ *   MAX_CUDA_KEYS     (tgid, function, direction) rows kept
+ *   MAX_CUDA_ALLOCS   live cudaMalloc'd pointers remembered, to size cudaFree
+ */
+#ifndef MAX_CUDA_KEYS
+#define MAX_CUDA_KEYS 16384
+#endif
+#ifndef MAX_CUDA_ALLOCS
+#define MAX_CUDA_ALLOCS 65536
+#endif
+
+/* struct cuda_key.fn; names in sitsprobe/gpu/cuda.py FUNCTIONS, same order */
+enum cuda_fn {
+    CUDA_LAUNCH_KERNEL = 0,     /* cudaLaunchKernel, cudaLaunchKernel_ptsz */
+    CUDA_MEMCPY = 1,            /* cudaMemcpy: bytes, direction, time blocked */
+    CUDA_MEMCPY_ASYNC = 2,      /* cudaMemcpyAsync(_ptsz): bytes, direction */
+    CUDA_STREAM_SYNC = 3,       /* cudaStreamSynchronize(_ptsz): time blocked */
+    CUDA_DEVICE_SYNC = 4,       /* cudaDeviceSynchronize: time blocked */
+    CUDA_MALLOC = 5,            /* cudaMalloc: bytes allocated (on success) */
+    CUDA_FREE = 6,              /* cudaFree: bytes freed (of pointers seen allocated) */
+    CUDA_GRAPH_LAUNCH = 7,      /* cudaGraphLaunch(_ptsz) */
+    CUDA_CU_LAUNCH_KERNEL = 8,  /* libcuda cuLaunchKernel(_ptsz) */
+    CUDA_CU_LAUNCH_KERNEL_EX = 9, /* libcuda cuLaunchKernelEx(_ptsz) */
+    CUDA_FUNCTIONS = 10,
+};
+
+/* index into the `cuda_counters` per-CPU array: what the probes could not count */
+enum cuda_counter {
+    CUDA_C_STATS_FULL = 0,    /* calls not counted: cuda_stats map full */
+    CUDA_C_INFLIGHT_LOST = 1, /* return not timed: cuda_inflight map full */
+    CUDA_C_ALLOCS_FULL = 2,   /* allocation not remembered: cuda_allocs map full */
+    CUDA_C_COUNTERS = 3,
+};
+
+struct cuda_key {
+    __u32 tgid;
+    __u16 fn;   /* enum cuda_fn */
+    __u16 kind; /* cudaMemcpyKind for copies (0 host-to-host .. 4 default), else 0 */
+};
+
+struct cuda_stat {
+    __u64 calls;  /* entries */
+    __u64 errors; /* returns with a cudaError_t/CUresult other than 0 (timed functions) */
+    __u64 bytes;  /* copies: bytes asked; cudaMalloc: bytes allocated; cudaFree: bytes freed */
+    __u64 ns;     /* time inside the call (timed functions) */
+};
+/* ---- cuda: end ---- */
+
+/* ---- cache: begin ---- */
+/* Cache-get probes (bpf/cache.c): a uprobe and a uretprobe on a look-up
+ * function time each call, read its key and tell hit from miss. Counts and
+ * log2 latency histograms are kept here in the kernel, exact even when the
+ * look-up ring is full. Load-time settings (-D, see sitsprobe/probes/cache.py):
+ *   CACHE_KEY_CAP      key bytes copied per look-up (power of two, 16..256)
+ *   CACHE_RING_PAGES   look-up ring buffer size in pages (power of two)
+ *   CACHE_MAX_PEERS    client connections remembered, (tgid, fd) -> peer
+ */
+#ifndef CACHE_KEY_CAP
+#define CACHE_KEY_CAP 64
+#endif
+#ifndef CACHE_RING_PAGES
+#define CACHE_RING_PAGES 256
+#endif
+#ifndef CACHE_MAX_PEERS
+#define CACHE_MAX_PEERS 65536
+#endif
+#define CACHE_SLOTS 8      /* cache probes one program serves: cache_enter_0..7 */
+#define CACHE_LAT_SLOTS 65 /* bpf_log2l(ns): slot s holds [2^(s-1), 2^s) ns */
+
+/* struct cache_cfg.key_kind: how the key argument is read */
+enum cache_key_kind {
+    CK_CSTR = 1,       /* NUL-terminated string */
+    CK_PTR_LEN = 2,    /* pointer argument, length in another argument */
+    CK_REDIS_ROBJ = 3, /* Redis robj *: ->ptr (offset 8) is an sds string */
+};
+
+/* struct cache_cfg.hit_op: hit when (value OP hit_value), compared signed */
+enum cache_hit_op { HO_NE = 0, HO_EQ = 1, HO_GT = 2, HO_GE = 3, HO_LT = 4, HO_LE = 5 };
+
+/* index (slot * CC_COUNTERS + counter) into the `cache_counts` per-CPU array */
+enum cache_counter {
+    CC_HITS = 0,
+    CC_MISSES = 1,
+    CC_FILTERED = 2,      /* calls the filter left out (Redis: write look-ups) */
+    CC_LOST = 3,          /* look-up events lost: ring buffer full */
+    CC_INFLIGHT_LOST = 4, /* calls not timed: in-flight table full */
+    CC_DURATION_NS = 5,   /* sum of look-up durations, for the histogram's _sum */
+    CC_COUNTERS = 6,
+};
+
+/* One cache probe's settings, written by userspace into `cache_cfgs[slot]`. */
+struct cache_cfg {
+    u8 key_kind;  /* enum cache_key_kind */
+    u8 key_arg;   /* argument index 0..5 holding the key */
+    u8 len_arg;   /* CK_PTR_LEN: argument index holding the length */
+    u8 hit_src;   /* 0: the return value; 1 + N: argument N (taken at entry) */
+    u8 hit_deref; /* 0, or 1/2/4/8: read that many bytes where the value points, at return */
+    u8 hit_op;    /* enum cache_hit_op */
+    u8 filter_on; /* 1: count the call only if (arg[filter_arg] & mask) == equals */
+    u8 filter_arg;
+    s64 hit_value;
+    u64 filter_mask;
+    u64 filter_equals;
+};
+
+/* The client a connection came from, keyed by (tgid << 32 | fd). */
+struct cache_peer {
+    u16 family; /* AF_INET, AF_INET6, AF_UNIX; 0 unknown */
+    u16 port;   /* host byte order */
+    u8 addr[16];
+};
+
+/* struct cache_event.flags */
+#define CE_TRUNCATED 0x01 /* the key is longer than the bytes captured */
+#define CE_PEER 0x02      /* the thread's last socket read names a client */
+
+/* One look-up, on the `cache_events` ring (u-types: bcc's ring decoder). */
+struct cache_event {
+    u64 ts_ns;       /* entry, CLOCK_MONOTONIC */
+    u64 duration_ns; /* entry to return */
+    u32 tgid;
+    u32 tid;
+    s32 fd;          /* client socket the thread last read, -1 none */
+    u32 key_size;    /* the key's full length where known */
+    u16 slot;        /* which cache probe (cache_cfgs index) */
+    u16 key_len;     /* bytes captured in key */
+    u8 hit;
+    u8 flags;        /* CE_* */
+    u16 family;      /* the client's, from struct cache_peer */
+    u16 port;
+    u8 addr[16];
+    u8 key[CACHE_KEY_CAP];
+};
+/* ---- cache: end ---- */
+
+/* ---- markers: begin ---- */
+/* Engine markers (bpf/markers.c): one event per call of libsitsprobe_markers.
+ * Load-time settings (-D, see sitsprobe/probes/markers.py):
+ *   MARKER_RING_PAGES   marker ring buffer size in pages (power of two)
+ *   MARKER_MAX_IDS      request ids sent per batch call (a multiple of MARKER_IDS)
+ *   MARKER_WAKEUP_EVERY wake the agent every this many events of a CPU
+ */
+#ifndef MARKER_RING_PAGES
+#define MARKER_RING_PAGES 1024
+#endif
+#ifndef MARKER_MAX_IDS
+#define MARKER_MAX_IDS 256
+#endif
+#ifndef MARKER_WAKEUP_EVERY
+#define MARKER_WAKEUP_EVERY 64
+#endif
+#define MARKER_NAME 32 /* stage, cache or model name, NUL included */
+#define MARKER_KEY 64  /* cache key bytes copied (a power of two) */
+#define MARKER_IDS 16  /* request ids per batch event (a power of two) */
+
+/* struct marker_event.kind: which call of the marker library */
+enum marker_kind {
+    MK_REQUEST_BEGIN = 1,
+    MK_REQUEST_END = 2,
+    MK_RANGE_BEGIN = 3,
+    MK_RANGE_END = 4,
+    MK_BATCH = 5,
+    MK_CACHE_GET = 6,
+    MK_USAGE = 7,
+};
+
+/* index into the `marker_counters` per-CPU array of bpf/markers.c */
+enum marker_counter {
+    MC_EVENTS = 0,      /* marker events submitted */
+    MC_LOST = 1,        /* marker events lost: ring buffer full */
+    MC_IDS_DROPPED = 2, /* batch request ids past MARKER_MAX_IDS, not sent */
+    MC_KEYS_CUT = 3,    /* cache keys longer than MARKER_KEY, sent cut short */
+    MC_COUNTERS = 4,
+};
+
+/* One marker call. A batch call of n request ids is sent as ceil(n / MARKER_IDS)
+ * events with the same ts, each holding ids[first .. first + n_ids) of the call.
+ * bcc's ring-event decoder knows u32, not __u32. */
+struct marker_event {
+    u64 ts;
+    u32 tgid;
+    u32 tid;
+    u32 kind;          /* enum marker_kind */
+    s32 fd;            /* request_begin: the request's socket; else -1 */
+    u64 request_id;
+    u64 batch_id;
+    u64 input_tokens;  /* usage */
+    u64 output_tokens;
+    u64 kv_bytes;
+    u32 hit;           /* cache_get: 1 hit, 0 miss */
+    u32 key_len;       /* cache_get: bytes in key (longer keys are cut, and counted) */
+    u32 n_total;       /* batch: request ids in the call */
+    u32 first;         /* batch: index in the call of ids[0] */
+    u32 n_ids;         /* batch: ids valid in this event */
+    u32 pad;
+    u64 ids[MARKER_IDS];
+    char name[MARKER_NAME]; /* model, stage or cache name */
+    u8 key[MARKER_KEY];
+};
+/* ---- markers: end ---- */
+
 #endif /* SITSPROBE_H */

@@ -1,0 +1,83 @@
+"""What the CUDA probes count, as plain records (no bcc here: sinks and the
+collapse detector read these, only sitsprobe.probes.cuda loads BPF)."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# bpf/sitsprobe.h enum cuda_fn, in order
+FUNCTIONS = (
+    "cudaLaunchKernel", "cudaMemcpy", "cudaMemcpyAsync", "cudaStreamSynchronize",
+    "cudaDeviceSynchronize", "cudaMalloc", "cudaFree", "cudaGraphLaunch",
+    "cuLaunchKernel", "cuLaunchKernelEx",
+)
+COPIES = ("cudaMemcpy", "cudaMemcpyAsync")
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
+TIMED = ("cudaMemcpy", *SYNCS, "cudaMalloc", "cudaFree")  # these have a return probe
+# cudaMemcpyKind 0..4, and 5 for a value outside it
+DIRECTIONS = ("host_to_host", "host_to_device", "device_to_host", "device_to_device",
+              "default", "other")
+
+
+@dataclass(frozen=True, slots=True)
+class CudaCount:
+    """The kernel's running totals for one (process, function, direction)."""
+
+    pid: int
+    function: str  # one of FUNCTIONS
+    direction: str  # one of DIRECTIONS for copies, "" otherwise
+    calls: int
+    errors: int  # failed returns, for functions with a return probe
+    bytes: int  # copies: bytes asked; cudaMalloc: allocated; cudaFree: freed
+    ns: int  # time inside the call, for functions with a return probe
+
+
+@dataclass(frozen=True, slots=True)
+class CudaShares:
+    """Share of wall time a process spent blocked in CUDA calls over an
+    interval (summed over its threads, so it can pass 1.0)."""
+
+    pid: int
+    ts_ns: int
+    interval_ns: int
+    copy: float  # inside synchronous cudaMemcpy
+    sync: float  # inside cudaStreamSynchronize / cudaDeviceSynchronize
+    launches: int  # kernel and graph launches in the interval
+
+
+def totals(counts: Iterable[CudaCount]) -> dict[int, tuple[int, int, int]]:
+    """pid -> (copy ns, sync ns, launches), summed over functions and directions."""
+    out: dict[int, tuple[int, int, int]] = {}
+    for c in counts:
+        copy, sync, launches = out.get(c.pid, (0, 0, 0))
+        if c.function == "cudaMemcpy":
+            copy += c.ns
+        elif c.function in SYNCS:
+            sync += c.ns
+        elif "Launch" in c.function:
+            launches += c.calls
+        out[c.pid] = (copy, sync, launches)
+    return out
+
+
+class ShareTracker:
+    """Turns successive snapshots of the running totals into per-interval shares."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[int, tuple[int, int, int]]] = {}
+
+    def update(self, counts: Iterable[CudaCount], now_ns: int) -> list[CudaShares]:
+        out = []
+        current = totals(counts)
+        for pid, cur in current.items():
+            prev = self._last.get(pid)
+            self._last[pid] = (now_ns, cur)
+            if prev is None or now_ns <= prev[0]:
+                continue
+            dt = now_ns - prev[0]
+            (c0, s0, l0), (c1, s1, l1) = prev[1], cur
+            out.append(CudaShares(pid, now_ns, dt, max(0, c1 - c0) / dt, max(0, s1 - s0) / dt,
+                                  max(0, l1 - l0)))
+        for pid in [p for p in self._last if p not in current]:
+            del self._last[pid]
+        return out
