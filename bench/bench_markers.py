@@ -6,13 +6,15 @@ Reproduce (root for the attached half; the venv has bcc):
     sudo .venv/bin/python bench/bench_markers.py --calls 300000 --repeat 7
 
 An "engine" subprocess times each call in a loop: ns per call (enter+exit for a
-range), the best of --repeat runs. Runs alternate between no agent and the
-agent (MarkerProbe loaded here, polling in a thread all along, attached to the
-engine's library before an "agent" run, detached before a "no agent" run), so
-drift on a shared machine hits both alike. Before each run the agent catches
-up (its ring holds a whole run): every event is submitted, none lost. A
-pure-Python no-op of the same shape is the floor (and, run in both phases,
-shows the noise). The paced row times ranges 20 us apart, as an engine with
+range), the best of --repeat runs. Runs rotate through three phases, so drift
+on a shared machine hits all alike: "no agent"; "agent": MarkerProbe (loaded
+here) attached to the engine's library, draining its ring only between runs,
+which shows what the probes themselves cost the engine; "live": attached and
+draining during the run as the agent does (poll(50) in a loop), which adds the
+agent's own CPU on the same cores (on 2 vCPUs, a lot). Before each run the
+agent catches up (its ring holds a whole run): every event is submitted, none
+lost. A pure-Python no-op of the same shape is the floor (run in every phase,
+it shows the noise). The paced row times ranges 20 us apart, as an engine with
 work between its markers makes them. Last, one counting BPF program is
 attached as a uprobe on the exported function, and through bcc's USDT
 support, alternating, to show which hook costs less per hit.
@@ -29,7 +31,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-EVENT_BYTES = 320  # struct marker_event (312) plus the ring's record header
 PACED_EVERY, PACED_GAP_NS = 10, 20_000  # the paced run: a tenth of the calls, 20 us apart
 
 
@@ -52,7 +53,7 @@ def _noop(cache, key, hit, request_id=0):
 
 def worker(calls: int, repeat: int, phases: list[str]) -> dict:
     """The engine side: ns per call of each thing in each phase, best of
-    `repeat` runs; phases alternate run by run, so drift hits both alike."""
+    `repeat` runs; phases rotate run by run, so drift hits all alike."""
     from sitsprobe import markers
 
     def noop_range():
@@ -122,45 +123,55 @@ def run_engine(calls: int, repeat: int, phases: dict) -> dict:
 
 
 def ring_pages(events: int) -> int:
+    """A ring that holds `events`: a whole run, so that none is lost."""
+    from sitsprobe.probes.markers import EVENT_BYTES
+
     pages = 1
     while pages * 4096 < events * EVENT_BYTES:
         pages *= 2
     return pages
 
 
+PHASES = ("no agent", "agent", "agent live")
+
+
 def with_and_without(calls: int, repeat: int, library: str) -> tuple[dict, dict, int]:
-    """The engine's costs with no agent and with MarkerProbe attached, the agent
-    polling all along as it would (poll(50) in a loop)."""
+    """The engine's costs with no agent, with MarkerProbe attached (draining
+    between runs: the probes' cost alone), and with it attached and draining
+    during runs, as a live agent does (poll(50) in a loop, on the same cores)."""
     from sitsprobe.probes.markers import MarkerProbe
 
     seen = [0]
     probe = MarkerProbe(None, lambda e: seen.__setitem__(0, seen[0] + 1),
                         ring_pages=ring_pages(2 * calls))
-    stop = threading.Event()
+    stop, live = threading.Event(), threading.Event()
 
-    def agent_loop():
+    def agent_loop():  # the only thread that polls
         while not stop.is_set():
-            probe.poll(50)
+            if live.is_set():
+                probe.poll(50)
+            else:
+                time.sleep(0.01)
 
-    def settle():  # the agent has everything from the last run: none lost
-        before = -1
-        while before != seen[0]:
-            before = seen[0]
-            time.sleep(0.15)
-
-    def bare():
-        settle()
-        probe.detach(library)
-
-    def agent():
-        settle()
-        probe.attach(library)
+    def phase(attach: bool, poll_during_run: bool):
+        def setup():
+            live.set()
+            before = -1
+            while before != seen[0]:  # caught up with the last run: none lost
+                before = seen[0]
+                time.sleep(0.15)
+            probe.attach(library) if attach else probe.detach(library)
+            if not poll_during_run:
+                live.clear()
+                time.sleep(0.1)  # out of its last poll
+        return setup
 
     loop = threading.Thread(target=agent_loop)
     loop.start()
     try:
-        result = run_engine(calls, repeat, {"no agent": bare, "agent": agent})
-        settle()
+        result = run_engine(calls, repeat, dict(zip(PHASES, (
+            phase(False, False), phase(True, False), phase(True, True)))))
+        phase(False, False)()
         return result, probe.counters(), seen[0]
     finally:
         stop.set()
@@ -224,10 +235,11 @@ def main() -> None:
         raise SystemExit("the marker library did not build: markers are Python no-ops here")
     result, counters, seen = with_and_without(args.calls, args.repeat, library)
     print(f"{args.calls} calls, best of {args.repeat} alternating runs; ns per call")
-    print(f"{'':32}{'no agent':>10}{'agent':>10}{'ratio':>8}")
+    print(f"{'':30}{'no agent':>9}{'agent':>9}{'ratio':>7}{'live':>9}{'ratio':>7}")
     for name, ns in result.items():
-        bare, agent = ns["no agent"], ns["agent"]
-        print(f"{name:32}{bare:>10.0f}{agent:>10.0f}{agent / bare:>7.2f}x")
+        bare, agent, live = (ns[p] for p in PHASES)
+        print(f"{name:30}{bare:>9.0f}{agent:>9.0f}{agent / bare:>6.1f}x"
+              f"{live:>9.0f}{live / bare:>6.1f}x")
     print(f"agent saw {seen} events; in-kernel counters: {counters}")
     hooks = hook_costs(args.calls, args.repeat, library)
     print(f"markers.cache_get under one counting program: uprobe {hooks['uprobe']:.0f} ns, "

@@ -118,14 +118,15 @@ class AgentHandle:
 
 @pytest.fixture(scope="module")
 def agent(request, tmp_path_factory):
-    """The agent, configured for the module; a module may set AGENT_TRACES
-    to override the traces section (e.g. a sampling budget)."""
+    """The agent, configured for the module; a module may set AGENT_TRACES or
+    AGENT_SELECT to override those sections (a sampling budget, a selector)."""
     require_root()
     d = tmp_path_factory.mktemp("agent")
     metrics_port = free_port()
     with GrpcOtlpReceiver() as receiver:
         config = {
-            "select": {"cmdline": [TAG], "comms": ["nginx"], "rescan_interval_s": 0.2},
+            "select": {"cmdline": [TAG], "comms": ["nginx"], "rescan_interval_s": 0.2,
+                       **getattr(request.module, "AGENT_SELECT", {})},
             "stitch": {"idle_flush_ms": 100},
             "traces": {"file": str(d / "traces.jsonl"), "otlp_endpoint": receiver.endpoint,
                        "max_per_second": 0, **getattr(request.module, "AGENT_TRACES", {})},
