@@ -109,7 +109,7 @@ static __always_inline void report(struct conn *c, __u8 reason)
     bpf_probe_read_kernel(e, sizeof(struct conn), c);
     e->reason = reason;
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
-    exchanges.ringbuf_submit(e, 0);
+    exchanges.ringbuf_submit(e, BPF_RB_NO_WAKEUP); /* drained on the agent's tick */
     count(C_EXCHANGES);
 }
 

@@ -17,6 +17,7 @@ from .export.prom import KernelMetrics, RequestMetrics, serve
 from .request import Request
 from .routes import RouteMapper
 from .sampling import TraceSampler
+from .stitch.engine import EngineJoin
 from .stitch.exchange import Stitcher, enrich
 
 log = logging.getLogger("sitsprobe")
@@ -42,12 +43,14 @@ class Agent:
             RouteMapper(list(config.routes.templates), config.routes.collapse_ids,
                         config.routes.max_routes),
             config.stitch.idle_flush_ms * 1_000_000)
+        self.engine = EngineJoin(config.engine.join_wait_ms * 1_000_000)
         self.tracked: dict[int, str] = {}  # pid -> comm
         self.names: dict[int, str] = {}  # every pid ever tracked -> comm, for metrics
         self.hooks: dict[str, str] = {}
         self.ready = False
         self.requests_seen = 0
         self.probe = None
+        self.markers = None
         self.exporter = None
         self.http = None
 
@@ -81,6 +84,10 @@ class Agent:
                    max_connections=self.config.stitch.max_connections,
                    ring_buffer_mib=self.config.ring_buffer_mib, tcp_sendmsg=tcp_hook),
             self._on_exchange, self._on_notice)
+        if self.config.engine.markers:
+            from .probes.markers import MarkerProbe
+            self.markers = MarkerProbe(None, self.engine.on_marker)
+            self.hooks["engine_markers"] = f"{MarkerProbe.hook} libsitsprobe_markers"
         t = self.config.traces
         self.exporter = TraceExporter(clock=self.clock, endpoint=t.otlp_endpoint,
                                       protocol=t.otlp_protocol, traces_file=t.file)
@@ -95,7 +102,7 @@ class Agent:
         registry = CollectorRegistry()
         registry.register(self.metrics)
         registry.register(KernelMetrics(
-            self.probe.counters, self.probe.status_counts,
+            self._counters, self.probe.status_counts,
             lambda pid: self.names.get(pid, "?"), self._gauges,
             lambda: {"seen": self.sampler.seen, "exported": self.sampler.exported,
                      "dropped": self.sampler.dropped,
@@ -107,6 +114,12 @@ class Agent:
         except OSError as e:
             raise SitsprobeError(f"cannot serve metrics on {m.address}:{m.port}: {e.strerror}; "
                                  "set --metrics-port (0 disables it)") from e
+
+    def _counters(self) -> dict[str, int]:
+        counters = self.probe.counters()
+        if self.markers is not None:
+            counters |= {f"marker_{k}": v for k, v in self.markers.counters().items()}
+        return counters
 
     def _gauges(self) -> dict[str, float]:
         return {"probes_attached": len(self.hooks) if self.ready else 0,
@@ -139,6 +152,11 @@ class Agent:
                 self._track(info)
         for pid in [p for p in self.tracked if p not in found and procs.read_info(p) is None]:
             self._retire(pid)
+        if self.markers is not None:
+            from .probes.markers import find_marker_libraries
+            for path in find_marker_libraries(pids=self.tracked):
+                if self.markers.attach(path):
+                    log.info("engine markers: attached to %s", path)
 
     def _on_notice(self, n: ProcessNotice) -> None:
         if n.kind == "exit":
@@ -155,6 +173,12 @@ class Agent:
 
     def _emit(self, requests: list[Request]) -> None:
         now = time.monotonic_ns()
+        ready = []
+        for r in requests:
+            ready += self.engine.on_request(r, now)
+        self._release(ready, now)
+
+    def _release(self, requests: list[Request], now: int) -> None:
         for r in requests:
             self.requests_seen += 1
             self.metrics.observe(r)
@@ -174,10 +198,13 @@ class Agent:
         rescan_every = self.config.select.rescan_interval_s
         next_flush = next_rescan = time.monotonic()
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            if self.markers is not None:
+                self.markers.poll(0)  # markers first: their requests are about to end
             self.probe.poll(50)
             now = time.monotonic()
             if now >= next_flush:
                 self._flush_idle(time.monotonic_ns())
+                self._engine_tick(time.monotonic_ns())
                 for r in self.sampler.flush(time.monotonic_ns()):
                     self.exporter.export(enrich(r))
                 next_flush = now + flush_every
@@ -185,12 +212,21 @@ class Agent:
                 self._rescan()
                 next_rescan = now + rescan_every
 
+    def _engine_tick(self, now: int, everything: bool = False) -> None:
+        self._release(self.engine.due(now, everything), now)
+        if self.engine.batch_sizes:
+            self.metrics.observe_batches(self.engine.batch_sizes)
+            self.engine.batch_sizes.clear()
+
     def close(self) -> None:
         """Drain, report what is still open, flush the exporters, detach."""
         self.ready = False
+        if self.markers is not None:
+            self.markers.poll(0)
         if self.probe is not None:
             self.probe.poll(0)
             self._flush_idle(time.monotonic_ns(), everything=True)
+            self._engine_tick(time.monotonic_ns(), everything=True)
             for r in self.sampler.flush():
                 self.exporter.export(enrich(r))
         if self.exporter is not None:
@@ -198,11 +234,13 @@ class Agent:
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()
+        if self.markers is not None:
+            self.markers.close()
+            self.markers = None
         if self.probe is not None:
             self.probe.close()
             self.probe = None
 
 
 def _exited(ex: Exchange) -> Exchange:
-    from dataclasses import replace
-    return replace(ex, reason=END_EXIT)
+    return ex._replace(reason=END_EXIT)

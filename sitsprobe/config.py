@@ -65,6 +65,12 @@ class Metrics:
 
 
 @dataclass(frozen=True)
+class Engine:
+    markers: bool
+    join_wait_ms: int
+
+
+@dataclass(frozen=True)
 class Config:
     select: Select
     capture: Capture
@@ -73,6 +79,7 @@ class Config:
     routes: Routes
     traces: Traces
     metrics: Metrics
+    engine: Engine
     duration_s: float | None
     kernel_headers: str | None
     log_level: str
@@ -197,12 +204,14 @@ _RULES: dict[str, Rule] = {
     "traces.keep_slowest": _int(0),
     "metrics.address": _str(),
     "metrics.port": _int(0, 65535),
+    "engine.markers": _BOOL,
+    "engine.join_wait_ms": _int(0, 60000),
     "duration_s": _opt(_num(0, above=True)),
     "kernel_headers": _opt(_PATH),
     "log_level": _choice("debug", "info", "warning", "error"),
 }
 _SECTIONS = {"select": Select, "capture": Capture, "stitch": Stitch, "routes": Routes,
-             "traces": Traces, "metrics": Metrics}
+             "traces": Traces, "metrics": Metrics, "engine": Engine}
 
 
 def _unknown(source: str, name: str, word: str, choices: list[str]) -> ConfigError:

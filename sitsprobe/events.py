@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .request import Endpoint
 
@@ -11,9 +12,11 @@ END_NEXT, END_CLOSE, END_FLUSH, END_EXIT = 1, 2, 3, 4
 CF_TUPLE, CF_TCP, CF_CHUNK_END, CF_SEEDED = 0x01, 0x02, 0x04, 0x08
 
 
-@dataclass(frozen=True, slots=True)
-class Exchange:
-    """A run of reads followed by a run of writes on one connection."""
+class Exchange(NamedTuple):
+    """A run of reads followed by a run of writes on one connection.
+
+    Per-event records are NamedTuples: immutable like a frozen dataclass,
+    and about ten times cheaper to build at this many fields."""
 
     tgid: int
     fd: int
@@ -48,8 +51,7 @@ class ProcessNotice:
     comm: str
 
 
-@dataclass(frozen=True, slots=True)
-class MarkerEvent:
+class MarkerEvent(NamedTuple):
     """One call of the engine's marker API, seen by the agent.
 
     kind: "request_begin" (fd, name=model), "request_end", "range_begin" /

@@ -6,7 +6,8 @@ wall-clock time with :mod:`sitsprobe.clock` at export, nowhere else.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +68,9 @@ class Inference:
         return max(ends) if ends else None
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One request/response exchange on a server connection.
+class Request(NamedTuple):
+    """One request/response exchange on a server connection (a NamedTuple:
+    immutable, and built for every request, so cheap to build).
 
     ``protocol`` is ``"http/1.1"`` when the bytes framed as HTTP, else
     ``"tcp"``: a connection-level exchange with no method, path or status.
@@ -94,7 +95,7 @@ class Request:
     user_agent: str | None = None
     traceparent: TraceParent | None = None
     complete: bool = True  # False: the process exited or closed mid-request
-    head: bytes = field(default=b"", repr=False)  # captured request bytes, for enrich()
+    head: bytes = b""  # captured request bytes, for enrich(); never exported
     inference: Inference | None = None  # joined from the engine's markers
 
     @property

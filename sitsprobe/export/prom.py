@@ -140,7 +140,8 @@ class KernelMetrics:
     """Counts the kernel keeps, read at scrape time (no per-event cost)."""
 
     LOSS = {"lost": "ring_buffer_full", "conn_overflow": "connection_table_full",
-            "notices_lost": "notice_ring_full", "inflight_lost": "inflight_table_full"}
+            "notices_lost": "notice_ring_full", "inflight_lost": "inflight_table_full",
+            "marker_lost": "marker_ring_full", "marker_batch_ids_dropped": "marker_batch_ids_dropped"}
 
     def __init__(self, counters: Callable[[], dict[str, int]],
                  status_counts: Callable[[], dict[tuple[int, int], int]],
@@ -166,7 +167,8 @@ class KernelMetrics:
         lost = CounterMetricFamily("sitsprobe_events_lost", "Events the kernel could not deliver, by reason",
                                    labels=("reason",))
         for key, reason in self.LOSS.items():
-            lost.add_metric([reason], c[key])
+            if key in c:
+                lost.add_metric([reason], c[key])
         yield lost
         traces = CounterMetricFamily("sitsprobe_traces", "Requests offered to the trace sampler, by outcome",
                                      labels=("outcome",))

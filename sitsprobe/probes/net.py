@@ -118,7 +118,10 @@ class NetProbe:
             pass
 
     def poll(self, timeout_ms: int) -> None:
+        """Wait up to timeout_ms (exchanges never wake us: a wakeup per event
+        would cost the traced server microseconds per request), then drain."""
         self._bpf.ring_buffer_poll(timeout_ms)
+        self._bpf.ring_buffer_consume()
 
     def open_exchanges(self) -> Iterator[tuple[Exchange, int]]:
         """Every connection with an exchange in progress, with its state."""

@@ -11,7 +11,7 @@ to ``hold_ns`` for its markers before it is released without them.
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..events import MarkerEvent
 from ..request import CacheLookup, Inference, Request, Stage
@@ -140,5 +140,5 @@ class EngineJoin:
         for i, inf in enumerate(done):
             if r.start_ns <= inf.start_ns <= r.end_ns:
                 del done[i]
-                return replace(r, inference=inf)
+                return r._replace(inference=inf)
         return None

@@ -9,7 +9,6 @@ later copy of an exchange reported that way is recognised and dropped.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import replace
 
 from ..events import CF_CHUNK_END, END_CLOSE, END_EXIT, Exchange
 from ..request import Request
@@ -103,9 +102,9 @@ def enrich(r: Request) -> Request:
         return r
     heads = parse_request_heads(r.head, limit=1)
     if not heads:
-        return replace(r, head=b"")
+        return r._replace(head=b"")
     h = heads[0]
-    return replace(r, head=b"", traceparent=h.traceparent, user_agent=h.headers.get("user-agent"))
+    return r._replace(head=b"", traceparent=h.traceparent, user_agent=h.headers.get("user-agent"))
 
 
 def _share(total: int, n: int, i: int) -> int:
