@@ -1,19 +1,19 @@
-"""The demo: sitsprobe watching a local HTTP server under load.
+"""The demo: sitsprobe watching the reference inference engine under load.
 
-    sudo scripts/demo.sh [--duration 20] [--traces-file sitsprobe-traces.jsonl]
+    sudo scripts/demo.sh [--duration 30] [--rate 6] [--traces-file sitsprobe-traces.jsonl]
 
-Starts examples/hello_server.py, drives it with a few keep-alive clients,
-and runs the agent on it: traces go to the file (OTLP/JSON lines), metrics to
-http://127.0.0.1:9102/metrics. A line a second shows what the agent sees.
+Starts examples/engine/serve.py (a tiny GPT on the CPU), drives it with
+examples/loadgen.py (streaming chat sessions, half of them sharing a prompt
+prefix), and runs the agent on it: one trace per request, with the engine's
+stages inside, goes to the traces file (OTLP/JSON lines); metrics to
+http://127.0.0.1:9102/metrics. A line a second shows what the agent sees; at
+the end one trace is drawn.
 """
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import logging
-import random
-import socket
 import subprocess
 import sys
 import threading
@@ -24,67 +24,92 @@ from sitsprobe import config
 from sitsprobe.agent import Agent
 
 HERE = Path(__file__).parent
-PATHS = ["/v1/items/1", "/v1/items/2", "/v1/users/42", "/slow/report", "/missing", "/boom"]
 
 
-def load(port: int, stop: threading.Event, sent: list[int]) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", port)
-    while not stop.is_set():
-        conn.request("GET", random.choices(PATHS, weights=[30, 30, 20, 5, 3, 1])[0])
-        conn.getresponse().read()
-        sent[0] += 1
-        time.sleep(random.uniform(0, 0.004))
-    conn.close()
+def start_engine() -> tuple[subprocess.Popen, int]:
+    engine = subprocess.Popen([sys.executable, str(HERE / "engine" / "serve.py"), "--port", "0"],
+                              stdout=subprocess.PIPE, text=True)
+    line = engine.stdout.readline()
+    if not line.startswith("listening on"):
+        raise SystemExit(f"the engine did not start: {line!r}")
+    return engine, int(line.rsplit(":", 1)[1])
+
+
+def live_line(agent: Agent, last: int) -> str:
+    seen = agent.requests_seen
+    ttft = agent.metrics.quantile_ttft(0.5)
+    lost = agent.probe.counters()["lost"]
+    hit = agent.metrics.cache_hit_ratio("prefix")
+    return (f"  requests {seen:5d} ({seen - last:3d}/s) | ttft p50 "
+            f"{'   -  ' if ttft is None else f'{ttft * 1000:5.1f}ms'} | prefix hits "
+            f"{'  - ' if hit is None else f'{hit:4.0%}'} | traced {agent.sampler.exported:5d} | lost {lost}")
+
+
+def draw(traces_file: str) -> None:
+    spans = [s for line in open(traces_file) for rs in json.loads(line)["resourceSpans"]
+             for ss in rs["scopeSpans"] for s in ss["spans"]]
+    kids: dict[str, list] = {}
+    for s in spans:
+        kids.setdefault(s.get("parentSpanId", ""), []).append(s)
+    roots = [s for s in spans if s["kind"] == 2 and s["spanId"] in kids]
+    if not roots:
+        return
+    root = roots[len(roots) // 2]
+    t0 = int(root["startTimeUnixNano"])
+
+    def show(s, depth):
+        a = {kv["key"]: list(kv["value"].values())[0] for kv in s.get("attributes", [])}
+        start = (int(s["startTimeUnixNano"]) - t0) / 1e6
+        took = (int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])) / 1e6
+        extra = ", ".join(f"{k}={a[k]}" for k in ("http.response.status_code", "gen_ai.usage.input_tokens",
+                                                   "gen_ai.usage.output_tokens", "sitsprobe.batch.size",
+                                                   "sitsprobe.cache.hit") if k in a)
+        print(f"  {start:8.2f}ms {took:8.2f}ms  {'  ' * depth}{s['name']}  {extra}")
+
+    print(f"\none trace ({root['traceId']}):\n     start     took")
+    show(root, 0)
+    for k in sorted(kids.get(root["spanId"], []), key=lambda c: int(c["startTimeUnixNano"])):
+        show(k, 1)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--duration", type=float, default=20)
+    ap.add_argument("--duration", type=float, default=30)
+    ap.add_argument("--rate", type=float, default=6, help="chat sessions a second")
     ap.add_argument("--traces-file", default="sitsprobe-traces.jsonl")
     ap.add_argument("--metrics-port", type=int, default=9102)
-    ap.add_argument("--clients", type=int, default=4)
     a = ap.parse_args()
     logging.basicConfig(level="WARNING", format="%(levelname)s %(message)s")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, str(HERE / "hello_server.py"), str(port)])
+    engine, port = start_engine()
     Path(a.traces_file).unlink(missing_ok=True)
     conf = config.load(overrides={
-        "select.pids": [server.pid], "traces.file": a.traces_file,
+        "select.pids": [engine.pid], "traces.file": a.traces_file,
         "metrics.port": a.metrics_port, "metrics.address": "127.0.0.1"})
     agent = Agent(conf)
-    print(f"sitsprobe demo: loading probes, then watching hello_server[{server.pid}] on :{port}")
-    stop, sent, threads = threading.Event(), [0], []
+    print(f"sitsprobe demo: loading probes, then watching the engine[{engine.pid}] on :{port}")
+    load = None
     try:
         agent.start()
-        time.sleep(0.2)
-        for _ in range(a.clients):
-            threads.append(threading.Thread(target=load, args=(port, stop, sent), daemon=True))
-            threads[-1].start()
+        agent.run(threading.Event(), duration_s=1.0)  # attach to the engine's markers
+        load = subprocess.Popen(
+            [sys.executable, str(HERE / "loadgen.py"), "--url", f"http://127.0.0.1:{port}",
+             "--rate", str(a.rate), "--requests", str(int(a.rate * 2 * a.duration)), "--stream",
+             "--turns", "2", "--shared-prefix", "0.5", "--max-tokens", "12", "--json", "/dev/null"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         end, last = time.monotonic() + a.duration, 0
-        while time.monotonic() < end:
+        while time.monotonic() < end and load.poll() is None:
             agent.run(threading.Event(), duration_s=1.0)
-            seen = agent.requests_seen
-            lost = agent.probe.counters()["lost"]
-            print(f"  client sent {sent[0]:6d} | agent stitched {seen:6d} ({seen - last:4d}/s) | "
-                  f"lost {lost} | traced {agent.sampler.exported:6d}", flush=True)
-            last = seen
+            print(live_line(agent, last), flush=True)
+            last = agent.requests_seen
     finally:
-        stop.set()
-        for t in threads:
-            t.join(2)
+        if load is not None:
+            load.kill()
         agent.close()
-        server.kill()
+        engine.kill()
     print(f"\ntraces: {a.traces_file} (OTLP/JSON, one ExportTraceServiceRequest per line)")
-    with open(a.traces_file) as f:
-        span = json.loads(f.readline())["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
-    attrs = {kv["key"]: list(kv["value"].values())[0] for kv in span["attributes"]}
-    took = (int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])) / 1e6
-    print(f"first span: {span['name']!r} status {attrs.get('http.response.status_code')} "
-          f"{took:.2f} ms, trace {span['traceId']}")
-    print(f"metrics were at http://127.0.0.1:{a.metrics_port}/metrics")
+    draw(a.traces_file)
+    print(f"\nmetrics were at http://127.0.0.1:{a.metrics_port}/metrics")
     return 0
 
 

@@ -35,6 +35,19 @@ class Histograms:
         h[0][bisect.bisect_left(self.buckets, value)] += 1
         h[1] += value
 
+    def quantile(self, q: float) -> float | None:
+        """The bucket bound under which a share q of all observations fall (all series)."""
+        counts = [sum(c) for c in zip(*(h[0] for h in self._series.values()))]
+        total = sum(counts)
+        if not total:
+            return None
+        acc = 0
+        for bound, n in zip((*self.buckets, float("inf")), counts):
+            acc += n
+            if acc >= q * total:
+                return bound
+        return None
+
     def family(self) -> HistogramMetricFamily:
         fam = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
         for labels, (counts, total) in self._series.items():
@@ -72,6 +85,16 @@ class RequestMetrics:
             b[0] += r.bytes_in
             b[1] += r.bytes_out
             b[2] += 1
+
+    def quantile_ttft(self, q: float) -> float | None:
+        with self._lock:
+            return self._engine.ttft.quantile(q)
+
+    def cache_hit_ratio(self, cache: str) -> float | None:
+        with self._lock:
+            rows = [v for (_, c), v in self._engine.cache.items() if c == cache]
+        hits, total = sum(r[0] for r in rows), sum(r[0] + r[1] for r in rows)
+        return hits / total if total else None
 
     def observe_batches(self, sizes: list[int]) -> None:
         with self._lock:
