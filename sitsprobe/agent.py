@@ -51,6 +51,7 @@ class Agent:
         self.requests_seen = 0
         self.probe = None
         self.markers = None
+        self.gpu = None
         self.exporter = None
         self.http = None
 
@@ -91,15 +92,35 @@ class Agent:
         t = self.config.traces
         self.exporter = TraceExporter(clock=self.clock, endpoint=t.otlp_endpoint,
                                       protocol=t.otlp_protocol, traces_file=t.file)
+        registry = CollectorRegistry()
+        if self.config.gpu.enabled:
+            self._start_gpu(registry)
         if self.config.metrics.port:
-            self._serve_metrics()
+            self._serve_metrics(registry)
         self._rescan()
         self.ready = True
         log.info("tracing %d process(es): %s", len(self.tracked),
                  ", ".join(f"{c}[{p}]" for p, c in sorted(self.tracked.items())) or "none yet")
 
-    def _serve_metrics(self) -> None:
-        registry = CollectorRegistry()
+    def _start_gpu(self, registry: CollectorRegistry) -> None:
+        from .export.alerts import AlertExporter
+        from .gpu import CollapseConfig
+        from .gpuwatch import GpuWatch
+        from .probes.cuda import cflags as cuda_cflags
+
+        g, t = self.config.gpu, self.config.traces
+        self.gpu = GpuWatch(
+            clock=self.clock, name_of=lambda pid: self.names.get(pid, "?"),
+            interval_s=g.interval_ms / 1000, cuda_probes=g.cuda_probes,
+            collapse=CollapseConfig(drop_ratio=g.collapse_drop_ratio,
+                                    floor_percent=g.collapse_floor_percent,
+                                    sustain_s=g.collapse_sustain_s, clear_s=g.collapse_clear_s),
+            alerts=AlertExporter(self.clock, t.otlp_endpoint, t.otlp_protocol))
+        self.gpu.start(registry, cuda_cflags())
+        if self.gpu.cuda is not None:
+            self.hooks["cuda"] = "uprobe libcudart/libcuda"
+
+    def _serve_metrics(self, registry: CollectorRegistry) -> None:
         registry.register(self.metrics)
         registry.register(KernelMetrics(
             self._counters, self.probe.status_counts,
@@ -139,6 +160,8 @@ class Agent:
     def _retire(self, pid: int) -> None:
         comm = self.tracked.pop(pid, None)
         self.probe.untrack(pid)
+        if self.gpu is not None:
+            self.gpu.forget(pid)
         for ex in self.probe.forget(pid):
             self._emit(self.stitcher.on_flush(_exited(ex)))
         self.exporter.close_process(pid)
@@ -185,10 +208,15 @@ class Agent:
             for chosen in self.sampler.offer(r, now):
                 self.exporter.export(enrich(chosen))
 
-    def _flush_idle(self, now: int, everything: bool = False) -> None:
+    def _flush_idle(self, now: int, everything: bool = False) -> dict[int, float]:
+        """Report responses that are done; return requests in flight by pid."""
+        in_flight: dict[int, float] = {}
         for ex, state in self.probe.open_exchanges():
             if state == 2 and (everything or self.stitcher.due(ex, now)):
                 self._emit(self.stitcher.on_flush(ex))
+            else:
+                in_flight[ex.tgid] = in_flight.get(ex.tgid, 0) + 1
+        return in_flight
 
     # -- the loop -----------------------------------------------------------------
 
@@ -203,8 +231,11 @@ class Agent:
             self.probe.poll(50)
             now = time.monotonic()
             if now >= next_flush:
-                self._flush_idle(time.monotonic_ns())
+                in_flight = self._flush_idle(time.monotonic_ns())
                 self._engine_tick(time.monotonic_ns())
+                if self.gpu is not None:
+                    self.gpu.tick(list(self.tracked),
+                                  {pid: (n, 0.0) for pid, n in in_flight.items()})
                 for r in self.sampler.flush(time.monotonic_ns()):
                     self.exporter.export(enrich(r))
                 next_flush = now + flush_every
@@ -234,6 +265,9 @@ class Agent:
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()
+        if self.gpu is not None:
+            self.gpu.close()
+            self.gpu = None
         if self.markers is not None:
             self.markers.close()
             self.markers = None

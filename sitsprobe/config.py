@@ -71,6 +71,17 @@ class Engine:
 
 
 @dataclass(frozen=True)
+class Gpu:
+    enabled: bool
+    interval_ms: int
+    cuda_probes: bool
+    collapse_drop_ratio: float
+    collapse_floor_percent: float
+    collapse_sustain_s: float
+    collapse_clear_s: float
+
+
+@dataclass(frozen=True)
 class Config:
     select: Select
     capture: Capture
@@ -80,6 +91,7 @@ class Config:
     traces: Traces
     metrics: Metrics
     engine: Engine
+    gpu: Gpu
     duration_s: float | None
     kernel_headers: str | None
     log_level: str
@@ -206,12 +218,20 @@ _RULES: dict[str, Rule] = {
     "metrics.port": _int(0, 65535),
     "engine.markers": _BOOL,
     "engine.join_wait_ms": _int(0, 60000),
+    "gpu.enabled": _BOOL,
+    "gpu.interval_ms": _int(10, 10000),
+    "gpu.cuda_probes": _BOOL,
+    "gpu.collapse_drop_ratio": _num(0.01, 0.99),
+    "gpu.collapse_floor_percent": _num(0, 100),
+    "gpu.collapse_sustain_s": _num(0.1, 3600),
+    "gpu.collapse_clear_s": _num(0.1, 3600),
     "duration_s": _opt(_num(0, above=True)),
     "kernel_headers": _opt(_PATH),
     "log_level": _choice("debug", "info", "warning", "error"),
 }
 _SECTIONS = {"select": Select, "capture": Capture, "stitch": Stitch, "routes": Routes,
-             "traces": Traces, "metrics": Metrics, "engine": Engine}
+             "traces": Traces, "metrics": Metrics, "engine": Engine,
+             "gpu": Gpu}
 
 
 def _unknown(source: str, name: str, word: str, choices: list[str]) -> ConfigError:

@@ -18,22 +18,9 @@ WIDTH, NAME = 80, 20
 
 def nvml_status() -> dict:
     """Whether NVML answers: GPU sampling is optional, so never a problem."""
-    try:
-        import pynvml
-    except ImportError:
-        return {"ok": False, "detail": "nvidia-ml-py not installed"}
-    try:
-        pynvml.nvmlInit()
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-            names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-                     for i in range(count)]
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as e:
-        return {"ok": False, "detail": type(e).__name__}
-    names = [n.decode() if isinstance(n, bytes) else n for n in names]
-    return {"ok": True, "detail": f"{count} GPU(s)" + (f": {', '.join(names)}" if names else "")}
+    from .gpu import available
+    ok, detail = available()
+    return {"ok": ok, "detail": detail if ok else f"{detail}; GPU features off, the rest runs"}
 
 
 def _headers(root: str, configured: str | None, problems: list[str]) -> dict:

@@ -1,0 +1,60 @@
+"""Alerts out: OTLP log records (and the agent's own log) for each raised or
+cleared GPU utilization collapse."""
+from __future__ import annotations
+
+import json
+import logging
+
+from opentelemetry._logs import SeverityNumber
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+from opentelemetry.sdk.resources import Resource
+
+from ..clock import WallClock
+from ..gpu.collapse import RAISED, Alert
+
+log = logging.getLogger("sitsprobe")
+
+
+class AlertExporter:
+    def __init__(self, clock: WallClock, endpoint: str | None, protocol: str | None):
+        self._clock = clock
+        self._provider = None
+        if endpoint:
+            if (protocol or "grpc") == "grpc":
+                from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+                exporter = OTLPLogExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
+            else:
+                from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+                exporter = OTLPLogExporter(endpoint=endpoint.rstrip("/") + "/v1/logs")
+            self._provider = LoggerProvider(resource=Resource.create({"service.name": "sitsprobe"}))
+            self._provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+            self._logger = self._provider.get_logger("sitsprobe.alerts")
+        self.sent = 0
+
+    def emit(self, a: Alert, process: str = "") -> None:
+        raised = a.state == RAISED
+        body = (f"GPU {a.gpu} utilization collapse {'raised' if raised else 'cleared'}: {a.cause}"
+                + (f" ({process}[{a.pid}])" if a.pid else ""))
+        log.log(logging.WARNING if raised else logging.INFO, "%s %s", body,
+                json.dumps(a.evidence, default=str, sort_keys=True))
+        if self._provider is None:
+            return
+        self._logger.emit(
+            timestamp=self._clock.to_wall_ns(a.window_end_ns),
+            severity_number=SeverityNumber.WARN if raised else SeverityNumber.INFO,
+            severity_text="WARN" if raised else "INFO",
+            body=body,
+            event_name="sitsprobe.gpu.utilization_collapse",
+            attributes={
+                "gpu": a.gpu, "process.pid": a.pid, "sitsprobe.cause": a.cause,
+                "sitsprobe.alert.state": a.state,
+                "sitsprobe.evidence": json.dumps(a.evidence, default=str, sort_keys=True),
+                "sitsprobe.window.start": self._clock.to_wall_ns(a.window_start_ns),
+                "sitsprobe.window.end": self._clock.to_wall_ns(a.window_end_ns),
+            })
+        self.sent += 1
+
+    def shutdown(self) -> None:
+        if self._provider is not None:
+            self._provider.shutdown()

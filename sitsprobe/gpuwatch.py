@@ -1,0 +1,99 @@
+"""The GPU layer inside the agent: NVML samples, CUDA counts, host signals and
+the utilization-collapse detector, fed every tick and exported as metrics and
+alerts. Without NVML (as on a CPU node) it still counts CUDA calls and says
+once why GPU sampling is off."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry
+
+from .clock import WallClock
+from .export.alerts import AlertExporter
+from .gpu import (Alert, CollapseConfig, CollapseDetector, HostSampler, NvmlSampler,
+                  NvmlUnavailable, ShareTracker)
+from .gpu.metrics import CollapseMetrics, CudaMetrics, GpuMetrics
+
+log = logging.getLogger("sitsprobe")
+ATTACH_EVERY_S = 2.0  # /proc/PID/maps scans for CUDA libraries
+
+
+class GpuWatch:
+    def __init__(self, *, clock: WallClock, name_of: Callable[[int], str], interval_s: float,
+                 cuda_probes: bool, collapse: CollapseConfig, alerts: AlertExporter,
+                 backend=None):
+        self._clock, self._name = clock, name_of
+        self._interval_s, self._want_cuda = interval_s, cuda_probes
+        self.detector = CollapseDetector(collapse)
+        self._alerts = alerts
+        self._backend = backend  # None: the real NVML; tests pass a recorded one
+        self.sampler: NvmlSampler | None = None
+        self.cuda = None
+        self.hosts, self.shares = HostSampler(), ShareTracker()
+        self.status = "off"
+        self.alerts: list[Alert] = []
+        self._lock = threading.Lock()
+        self._next_attach = 0.0
+
+    def start(self, registry: CollectorRegistry, cuda_flags: list[str] | None) -> None:
+        sampler = NvmlSampler(self._backend, interval_s=self._interval_s, clock=self._clock)
+        try:
+            gpus = sampler.start(on_sample=self._on_sample)
+            self.sampler = sampler
+            self.status = ", ".join(f"GPU {g.index} {g.name}" for g in gpus) or "no GPUs"
+            registry.register(GpuMetrics(sampler, self._name))
+        except NvmlUnavailable as e:
+            self.status = f"GPU sampling off: {e}"
+        log.info("%s", self.status)
+        if self._want_cuda and cuda_flags is not None:
+            from .probes.cuda import CudaProbe
+            try:
+                self.cuda = CudaProbe(cuda_flags)
+                registry.register(CudaMetrics(self.cuda.counts, self.cuda.counters, self._name))
+            except Exception as e:  # never take the agent down for an optional layer
+                log.warning("CUDA probes off: %s", e)
+        registry.register(CollapseMetrics(self.detector))
+
+    def _on_sample(self, sample) -> None:  # the NVML thread
+        for alert in self.detector.observe_sample(sample):
+            self._raise(alert)
+
+    def _raise(self, alert: Alert) -> None:
+        with self._lock:
+            self.alerts.append(alert)
+        self._alerts.emit(alert, self._name(alert.pid) if alert.pid else "")
+
+    def tick(self, pids: list[int], demand: dict[int, tuple[float, float]]) -> None:
+        """Every agent tick: demand (in flight, queued) per traced pid, host
+        signals, CUDA shares; CUDA libraries looked for every few seconds."""
+        now = time.monotonic_ns()
+        if self.cuda is not None and time.monotonic() >= self._next_attach:
+            for a in self.cuda.attach_pids(pids):
+                log.info("CUDA probes: attached to %s", a.library.path)
+            self._next_attach = time.monotonic() + ATTACH_EVERY_S
+        on_gpu = self.sampler.process_gpus() if self.sampler is not None else {}
+        for pid in pids:
+            in_flight, queued = demand.get(pid, (0.0, 0.0))
+            for gpu in on_gpu.get(pid, ()):
+                self.detector.observe_demand(gpu, pid, now, in_flight, queued)
+            h = self.hosts.sample(pid, now)
+            if h is not None:
+                self.detector.observe_host(pid, h.ts_ns, h.on_cpu_max, h.runq_wait_max)
+        if self.cuda is not None:
+            for c in self.shares.update(self.cuda.counts(), now):
+                self.detector.observe_cuda(c.pid, c.ts_ns, c.copy, c.sync)
+
+    def forget(self, pid: int) -> None:
+        self.detector.forget(pid)
+        if self.cuda is not None:
+            self.cuda.forget(pid)
+
+    def close(self) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
+        if self.cuda is not None:
+            self.cuda.close()
+        self._alerts.shutdown()
