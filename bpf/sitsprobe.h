@@ -166,6 +166,9 @@ struct cuda_stat {
  *   CACHE_KEY_CAP      key bytes copied per look-up (power of two, 16..256)
  *   CACHE_RING_PAGES   look-up ring buffer size in pages (power of two)
  *   CACHE_MAX_PEERS    client connections remembered, (tgid, fd) -> peer
+ *   CACHE_WAKE_EVERY   wake the reader once per this many events per CPU (power
+ *                      of two); it also drains the ring at each poll timeout, so
+ *                      a look-up is not paying for a wake-up each
  */
 #ifndef CACHE_KEY_CAP
 #define CACHE_KEY_CAP 64
@@ -175,6 +178,9 @@ struct cuda_stat {
 #endif
 #ifndef CACHE_MAX_PEERS
 #define CACHE_MAX_PEERS 65536
+#endif
+#ifndef CACHE_WAKE_EVERY
+#define CACHE_WAKE_EVERY 64
 #endif
 #define CACHE_SLOTS 8      /* cache probes one program serves: cache_enter_0..7 */
 #define CACHE_LAT_SLOTS 65 /* bpf_log2l(ns): slot s holds [2^(s-1), 2^s) ns */

@@ -1,0 +1,55 @@
+"""The cache probe's pure parts: -D settings, targets, comms, peers (no BPF)."""
+import socket
+
+import pytest
+
+from sitsprobe.probes import cache as probe
+from sitsprobe.request import Endpoint
+
+
+def test_cflags():
+    flags = probe.cflags(key_bytes=128, ring_buffer_mib=8, max_peers=1024, wake_every=32)
+    assert "-DCACHE_KEY_CAP=128" in flags and "-DCACHE_RING_PAGES=2048" in flags
+    assert "-DCACHE_MAX_PEERS=1024" in flags and "-DCACHE_WAKE_EVERY=32" in flags
+    assert flags[0].startswith("-I") and flags[0].endswith("_bpf")
+    for bad in ({"key_bytes": 100}, {"ring_buffer_mib": 3}, {"wake_every": 0}):
+        with pytest.raises(ValueError):
+            probe.cflags(**bad)
+
+
+def test_settings_match_the_header():
+    header = (probe.bpf_dir() / "sitsprobe.h").read_text()
+    block = header[header.index("---- cache: begin"):header.index("---- cache: end")]
+    for name, value in probe.KEY_KINDS.items():
+        assert f"= {value}," in block.split(f"CK_{name.upper()}")[1][:8]
+    assert "HO_NE = 0, HO_EQ = 1, HO_GT = 2, HO_GE = 3, HO_LT = 4, HO_LE = 5" in block
+    for i, name in enumerate(probe.COUNTERS):
+        assert f"CC_{name.upper()} = {i}," in block
+    assert f"#define CACHE_LAT_SLOTS {probe.LAT_SLOTS}" in block
+    assert "#define CE_TRUNCATED 0x01" in block and "#define CE_PEER 0x02" in block
+
+
+def test_resolve_binary_and_comms(tmp_path):
+    assert probe.resolve_binary("/opt/x/redis-server") == "/opt/x/redis-server"
+    assert probe.resolve_binary("redis-server", which=lambda n: "/usr/bin/" + n) == "/usr/bin/redis-server"
+    assert probe.resolve_binary("c", which=lambda n: None) == "c"  # a library name: bcc resolves it
+    real = tmp_path / "redis-check-rdb"
+    real.write_text("")
+    link = tmp_path / "redis-server"
+    link.symlink_to(real.name)
+    assert probe.comms_for(str(link)) == {"redis-server", "redis-check-rdb"}
+    long = tmp_path / "a-very-long-program-name"
+    long.write_text("")
+    assert probe.comms_for(str(long)) == {"a-very-long-pro"}
+    assert probe.comms_for("c") == set()  # a library name
+
+
+def test_peer_addresses():
+    v4 = socket.inet_pton(socket.AF_INET, "127.0.1.3") + b"\0" * 12
+    assert probe._endpoint(probe.AF_INET, v4, 40000) == Endpoint("127.0.1.3", 40000)
+    mapped = b"\0" * 10 + b"\xff\xff" + socket.inet_pton(socket.AF_INET, "10.0.0.9")
+    assert probe._endpoint(probe.AF_INET6, mapped, 1) == Endpoint("10.0.0.9", 1)
+    v6 = socket.inet_pton(socket.AF_INET6, "fd00::7")
+    assert probe._endpoint(probe.AF_INET6, v6, 2) == Endpoint("fd00::7", 2)
+    assert probe._endpoint(probe.AF_UNIX, b"\0" * 16, 0) == Endpoint("unix", 0)
+    assert probe._endpoint(0, b"\0" * 16, 0) is None
