@@ -17,6 +17,7 @@ from .export.prom import KernelMetrics, RequestMetrics, serve
 from .request import Request
 from .routes import RouteMapper
 from .sampling import TraceSampler
+from .cache.resp import resp_get_results
 from .stitch.engine import EngineJoin
 from .stitch.exchange import Stitcher, enrich
 
@@ -51,6 +52,8 @@ class Agent:
         self.requests_seen = 0
         self.probe = None
         self.markers = None
+        self.cache = None  # CacheProbe
+        self.cache_stats = None
         self.gpu = None
         self.exporter = None
         self.http = None
@@ -93,6 +96,7 @@ class Agent:
         self.exporter = TraceExporter(clock=self.clock, endpoint=t.otlp_endpoint,
                                       protocol=t.otlp_protocol, traces_file=t.file)
         registry = CollectorRegistry()
+        self._start_cache(registry)
         if self.config.gpu.enabled:
             self._start_gpu(registry)
         if self.config.metrics.port:
@@ -101,6 +105,34 @@ class Agent:
         self.ready = True
         log.info("tracing %d process(es): %s", len(self.tracked),
                  ", ".join(f"{c}[{p}]" for p, c in sorted(self.tracked.items())) or "none yet")
+
+    def _start_cache(self, registry: CollectorRegistry) -> None:
+        c = self.config.cache
+        if not c.probes and not c.resp_mode:
+            return
+        from .cache import CacheStats, PrefixExtractor
+        self.cache_stats = CacheStats(
+            PrefixExtractor(c.prefix_delimiter, c.prefix_segments, c.prefix_regex,
+                            c.hash_prefixes, c.export_raw_keys),
+            top_k=c.top_prefixes, bucket_s=c.bucket_s, subnet_v4=c.subnet_v4, subnet_v6=c.subnet_v6)
+        if c.probes:
+            from .probes.cache import CacheProbe
+            self.cache = CacheProbe(c.probes, self.cache_stats.observe)
+            self.cache_stats.kernel = self.cache.kernel_counts
+            self.hooks.update(self.cache.hooks())
+        registry.register(self.cache_stats)
+
+    def heatmap_png(self) -> bytes:
+        import io
+        import tempfile
+        from .cache import render_png
+        with tempfile.NamedTemporaryFile(suffix=".png") as f:
+            render_png(self.cache_stats, f.name, clock=self.clock)
+            return io.open(f.name, "rb").read()
+
+    def heatmap_text(self) -> bytes:
+        from .cache import render_text
+        return render_text(self.cache_stats).encode()
 
     def _start_gpu(self, registry: CollectorRegistry) -> None:
         from .export.alerts import AlertExporter
@@ -131,7 +163,10 @@ class Agent:
             lambda: dict(self.tracked)))
         m = self.config.metrics
         try:
-            self.http = serve(registry, m.address, m.port, lambda: self.ready)
+            pages = {} if self.cache_stats is None else {
+                "/heatmap.png": ("image/png", self.heatmap_png),
+                "/heatmap.txt": ("text/plain; charset=utf-8", self.heatmap_text)}
+            self.http = serve(registry, m.address, m.port, lambda: self.ready, pages)
         except OSError as e:
             raise SitsprobeError(f"cannot serve metrics on {m.address}:{m.port}: {e.strerror}; "
                                  "set --metrics-port (0 disables it)") from e
@@ -163,7 +198,7 @@ class Agent:
         if self.gpu is not None:
             self.gpu.forget(pid)
         for ex in self.probe.forget(pid):
-            self._emit(self.stitcher.on_flush(_exited(ex)))
+            self._take(ex, self.stitcher.on_flush(_exited(ex)))
         self.exporter.close_process(pid)
         if comm is not None:
             log.info("%s[%d] exited", comm, pid)
@@ -175,6 +210,8 @@ class Agent:
                 self._track(info)
         for pid in [p for p in self.tracked if p not in found and procs.read_info(p) is None]:
             self._retire(pid)
+        if self.cache is not None:
+            self.cache.rescan()
         if self.markers is not None:
             from .probes.markers import find_marker_libraries
             for path in find_marker_libraries(pids=self.tracked):
@@ -192,7 +229,14 @@ class Agent:
     # -- events -------------------------------------------------------------------
 
     def _on_exchange(self, ex: Exchange) -> None:
-        self._emit(self.stitcher.on_exchange(ex))
+        self._take(ex, self.stitcher.on_exchange(ex))
+
+    def _take(self, ex: Exchange, requests: list[Request]) -> None:
+        """Requests stitched from ex (none: a duplicate of one already reported)."""
+        if requests and self.config.cache.resp_mode and ex.req[:1] == b"*":  # RESP: Redis
+            for key, hit in resp_get_results(ex.req, ex.resp):
+                self.cache_stats.add("redis-resp", key, hit, ex.start_ns, ex.peer)
+        self._emit(requests)
 
     def _emit(self, requests: list[Request]) -> None:
         now = time.monotonic_ns()
@@ -213,7 +257,7 @@ class Agent:
         in_flight: dict[int, float] = {}
         for ex, state in self.probe.open_exchanges():
             if state == 2 and (everything or self.stitcher.due(ex, now)):
-                self._emit(self.stitcher.on_flush(ex))
+                self._take(ex, self.stitcher.on_flush(ex))
             else:
                 in_flight[ex.tgid] = in_flight.get(ex.tgid, 0) + 1
         return in_flight
@@ -228,6 +272,8 @@ class Agent:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             if self.markers is not None:
                 self.markers.poll(0)  # markers first: their requests are about to end
+            if self.cache is not None:
+                self.cache.consume()
             self.probe.poll(50)
             now = time.monotonic()
             if now >= next_flush:
@@ -268,6 +314,10 @@ class Agent:
         if self.gpu is not None:
             self.gpu.close()
             self.gpu = None
+        if self.cache is not None:
+            self.cache.consume()
+            self.cache.close()
+            self.cache = None
         if self.markers is not None:
             self.markers.close()
             self.markers = None

@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--otlp-endpoint", metavar="URL", help="OTLP collector, e.g. http://localhost:4317")
     out.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="default grpc")
     out.add_argument("--metrics-port", type=int, metavar="N", help="Prometheus port, 0 = off (default 9102)")
+    run.add_argument("--cache-probe", action="append", metavar="NAME",
+                     help="probe a cache's look-ups: redis (the lookupKey preset); repeatable")
     run.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long, flushing everything")
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     run.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
@@ -53,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="what this kernel offers and which hook each probe will use")
     doc.add_argument("--json", action="store_true", help="machine-readable report")
     doc.add_argument("-c", "--config", metavar="FILE", help="YAML config (for kernel_headers)")
+
+    heat = sub.add_parser("heatmap", help="cache-miss heatmaps from a running agent")
+    heat.add_argument("--url", default="http://127.0.0.1:9102", help="the agent's metrics address")
+    heat.add_argument("--out", metavar="FILE.png", help="write the PNG here (else print text)")
 
     conf = sub.add_parser("config", help="show or check the effective configuration")
     conf.add_argument("-c", "--config", metavar="FILE")
@@ -66,6 +72,7 @@ def _overrides(a: argparse.Namespace) -> dict:
         "select.ports": a.port, "traces.file": a.traces_file,
         "traces.otlp_endpoint": a.otlp_endpoint, "traces.otlp_protocol": a.otlp_protocol,
         "metrics.port": a.metrics_port, "duration_s": a.duration, "log_level": a.log_level,
+        "cache.probes": a.cache_probe,
     }
     return {k: v for k, v in pairs.items() if v is not None}
 
@@ -93,11 +100,34 @@ def _run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _heatmap(a: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+    page = "/heatmap.png" if a.out else "/heatmap.txt"
+    try:
+        with urllib.request.urlopen(a.url.rstrip("/") + page, timeout=30) as r:
+            body = r.read()
+    except urllib.error.HTTPError as e:
+        raise SitsprobeError(f"{a.url}{page}: HTTP {e.code}; is a cache probe on "
+                             "(--cache-probe redis, or cache.resp_mode)?") from None
+    except OSError as e:
+        raise SitsprobeError(f"cannot reach the agent at {a.url}: {e}") from None
+    if a.out:
+        with open(a.out, "wb") as f:
+            f.write(body)
+        print(f"wrote {a.out}")
+    else:
+        print(body.decode(), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     try:
         if a.command == "run":
             return _run(a)
+        if a.command == "heatmap":
+            return _heatmap(a)
         if a.command == "doctor":
             from . import doctor
             headers = cfg.load(a.config).kernel_headers if a.config else None

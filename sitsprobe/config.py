@@ -71,6 +71,21 @@ class Engine:
 
 
 @dataclass(frozen=True)
+class Cache:
+    probes: tuple  # CacheProbeSpec, from "redis" or a spec mapping
+    resp_mode: bool
+    prefix_delimiter: str
+    prefix_segments: int
+    prefix_regex: str | None
+    hash_prefixes: bool
+    export_raw_keys: bool
+    top_prefixes: int
+    bucket_s: float
+    subnet_v4: int
+    subnet_v6: int
+
+
+@dataclass(frozen=True)
 class Gpu:
     enabled: bool
     interval_ms: int
@@ -91,6 +106,7 @@ class Config:
     traces: Traces
     metrics: Metrics
     engine: Engine
+    cache: Cache
     gpu: Gpu
     duration_s: float | None
     kernel_headers: str | None
@@ -190,6 +206,18 @@ def _choice(*options: str) -> Rule:
 
 
 _BOOL = _rule("true or false", lambda v: isinstance(v, bool))
+
+
+def _cache_probes(v: Any) -> tuple:
+    """A list of cache probes: a preset name ("redis") or a spec mapping."""
+    from .cache.spec import specs_from_list
+    if not isinstance(v, list):
+        raise _Bad("a list of cache probes (\"redis\" or a mapping)", v)
+    items = [{"preset": x} if isinstance(x, str) else x for x in v]
+    try:
+        return specs_from_list(items, "", "")
+    except ConfigError as e:
+        raise _Bad(e.expected, _Shown(repr(e.got) if e.got is not None else "nothing"), e.key) from None
 _PATH = _str("a non-empty path")
 
 # The one table: dotted key -> rule. Order here is the order of `dump`.
@@ -218,6 +246,17 @@ _RULES: dict[str, Rule] = {
     "metrics.port": _int(0, 65535),
     "engine.markers": _BOOL,
     "engine.join_wait_ms": _int(0, 60000),
+    "cache.probes": _cache_probes,
+    "cache.resp_mode": _BOOL,
+    "cache.prefix_delimiter": _str(),
+    "cache.prefix_segments": _int(1, 64),
+    "cache.prefix_regex": _opt(_regex),
+    "cache.hash_prefixes": _BOOL,
+    "cache.export_raw_keys": _BOOL,
+    "cache.top_prefixes": _int(1, 100000),
+    "cache.bucket_s": _num(0.1, 3600),
+    "cache.subnet_v4": _int(0, 32),
+    "cache.subnet_v6": _int(0, 128),
     "gpu.enabled": _BOOL,
     "gpu.interval_ms": _int(10, 10000),
     "gpu.cuda_probes": _BOOL,
@@ -231,7 +270,7 @@ _RULES: dict[str, Rule] = {
 }
 _SECTIONS = {"select": Select, "capture": Capture, "stitch": Stitch, "routes": Routes,
              "traces": Traces, "metrics": Metrics, "engine": Engine,
-             "gpu": Gpu}
+             "cache": Cache, "gpu": Gpu}
 
 
 def _unknown(source: str, name: str, word: str, choices: list[str]) -> ConfigError:
@@ -316,7 +355,9 @@ def load(path: str | os.PathLike | None = None, overrides: Mapping[str, Any] | N
 def dump(config: Config) -> str:
     """The effective configuration as YAML that `load` reads back to an equal Config."""
     def plain(v: Any) -> Any:
-        return list(v) if isinstance(v, tuple) else v
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        return v.to_dict() if hasattr(v, "to_dict") else v
     data = {f.name: ({k: plain(x) for k, x in dataclasses.asdict(getattr(config, f.name)).items()}
                      if f.name in _SECTIONS else getattr(config, f.name))
             for f in dataclasses.fields(config)}

@@ -207,23 +207,31 @@ class KernelMetrics:
             yield GaugeMetricFamily(f"sitsprobe_{name}", name.replace("_", " "), value=value)
 
 
-def serve(registry: CollectorRegistry, address: str, port: int,
-          healthy: Callable[[], bool]) -> ThreadingHTTPServer:
-    """/metrics in the Prometheus text format, /healthz 200 once healthy()."""
+def serve(registry: CollectorRegistry, address: str, port: int, healthy: Callable[[], bool],
+          pages: dict[str, tuple[str, Callable[[], bytes]]] | None = None) -> ThreadingHTTPServer:
+    """/metrics in the Prometheus text format, /healthz 200 once healthy(), and
+    `pages`: path -> (content type, body maker), e.g. the cache heatmaps."""
     metrics = MetricsHandler.factory(registry)
+    pages = dict(pages or {})
 
     class Handler(metrics):
         def do_GET(self):
-            if self.path.split("?")[0] == "/healthz":
+            path = self.path.split("?")[0]
+            if path == "/healthz":
                 ok = healthy()
-                body = b"ok\n" if ok else b"starting\n"
-                self.send_response(200 if ok else 503)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return
-            super().do_GET()
+                self._send(200 if ok else 503, "text/plain", b"ok\n" if ok else b"starting\n")
+            elif path in pages:
+                kind, make = pages[path]
+                self._send(200, kind, make())
+            else:
+                super().do_GET()
+
+        def _send(self, code: int, kind: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
         def log_message(self, *args):
             pass

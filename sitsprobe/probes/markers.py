@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from ..errors import ProbeAttachError
 from ..events import MarkerEvent
 from .net import bpf_dir
+from .ring import DrainBudget
 
 # bpf/sitsprobe.h
 KINDS = {1: "request_begin", 2: "request_end", 3: "range_begin", 4: "range_end",
@@ -149,6 +150,7 @@ class MarkerProbe:
         if max_batch_ids % MARKER_IDS or ring_pages & (ring_pages - 1):
             raise ValueError("max_batch_ids: a multiple of 16; ring_pages: a power of two")
         self._on_event = on_event
+        self._budget = DrainBudget()
         self._batches = Batches(max_batch_ids)
         self._attached: dict[tuple[int, int], tuple[str, set]] = {}  # inode -> path, bcc events
         self._bpf = BPF(src_file=str(bpf_dir() / "markers.c").encode(),
@@ -167,7 +169,11 @@ class MarkerProbe:
             self.close()
             raise
 
-    def _on_ring(self, _ctx, data, _size) -> None:
+    def _on_ring(self, _ctx, data, _size) -> int:
+        self._deliver(data)
+        return self._budget.take()
+
+    def _deliver(self, data) -> None:
         cls = self._event_type
         if cls is None:  # bcc derives the class from the C struct at the first event
             cls = self._event_type = type(self._ring.event(data))
@@ -224,7 +230,9 @@ class MarkerProbe:
     def poll(self, timeout_ms: int) -> None:
         """Wait up to timeout_ms (less when the ring wakes us, see bpf/markers.c),
         then hand every event in the ring to on_event."""
+        self._budget.refill()
         self._bpf.ring_buffer_poll(timeout_ms)
+        self._budget.refill()
         self._bpf.ring_buffer_consume()
 
     def counters(self) -> dict[str, int]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..events import CF_SEEDED, CF_TUPLE, END_FLUSH, Exchange, ProcessNotice
 from ..request import Endpoint
 from .hooks import FENTRY, KPROBE, TRACEPOINT, Hook
+from .ring import DrainBudget
 
 # bpf/sitsprobe.h
 ST_IDLE, ST_READING, ST_RESPONDING = 0, 1, 2
@@ -86,8 +87,11 @@ class NetProbe:
         self._conn_type = self._conns.Leaf
         self._notice_map = self._bpf["notices"]
 
+        self._budget = DrainBudget()
+
         def exchange_cb(_ctx, data, _size):
-            on_exchange(decode(ct.cast(data, ct.POINTER(self._conn_type)).contents))
+            on_exchange(decode(self._conn_type.from_address(data)))
+            return self._budget.take()
 
         def notice_cb(_ctx, data, _size):
             n = self._notice_map.event(data)
@@ -120,7 +124,9 @@ class NetProbe:
     def poll(self, timeout_ms: int) -> None:
         """Wait up to timeout_ms (exchanges never wake us: a wakeup per event
         would cost the traced server microseconds per request), then drain."""
+        self._budget.refill()
         self._bpf.ring_buffer_poll(timeout_ms)
+        self._budget.refill()
         self._bpf.ring_buffer_consume()
 
     def open_exchanges(self) -> Iterator[tuple[Exchange, int]]:

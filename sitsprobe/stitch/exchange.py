@@ -34,7 +34,10 @@ class Stitcher:
         return self.requests(ex)
 
     def on_flush(self, ex: Exchange) -> list[Request]:
-        """An open exchange userspace reports itself (idle, or its process exited)."""
+        """An open exchange userspace reports itself (idle, or its process
+        exited); once only, however many flush ticks see it still open."""
+        if ex.key in self._reported:
+            return []
         self._reported[ex.key] = None
         if len(self._reported) > self._max_remembered:
             self._reported.popitem(last=False)

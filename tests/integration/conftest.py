@@ -132,6 +132,7 @@ def agent(request, tmp_path_factory):
                        "max_per_second": 0, **getattr(request.module, "AGENT_TRACES", {})},
             "metrics": {"address": "127.0.0.1", "port": metrics_port},
             "ring_buffer_mib": 64,
+            **getattr(request.module, "AGENT_EXTRA", {}),
         }
         (d / "sitsprobe.yaml").write_text(yaml.safe_dump(config))
         log = d / "agent.log"

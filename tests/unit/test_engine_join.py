@@ -109,3 +109,19 @@ def test_gen_ai_metrics():
     assert ratio == 0.5
     batch = fams["sitsprobe_engine_batch_size"]
     assert [s.value for s in batch.samples if s.name.endswith("_count")] == [2]
+
+
+def test_an_idle_exchange_is_reported_once_however_often_it_is_flushed():
+    from sitsprobe.events import Exchange
+    from sitsprobe.routes import RouteMapper
+    from sitsprobe.stitch.exchange import Stitcher
+
+    ex = Exchange(tgid=1, fd=3, comm="redis-server", reason=3, start_ns=10, last_in_ns=10,
+                  first_out_ns=20, last_out_ns=30, bytes_in=20, bytes_out=5, flags=3, local=None,
+                  peer=None, statuses=(), n_responses=0, req=b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n",
+                  resp=b"$-1\r\n")
+    st = Stitcher(RouteMapper(), idle_flush_ns=1)
+    assert len(st.on_flush(ex)) == 1
+    assert st.on_flush(ex) == [] and st.on_flush(ex) == []
+    assert st.on_exchange(ex._replace(reason=1)) == []  # the kernel's own copy, later
+    assert len(st.on_exchange(ex._replace(start_ns=40))) == 1  # the next one is new
