@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -11,7 +12,7 @@ from . import kheaders, procs, tracefs
 from .clock import WallClock
 from .config import Config
 from .errors import SitsprobeError
-from .events import END_EXIT, Exchange, ProcessNotice
+from .events import END_EXIT, Exchange, MarkerEvent, ProcessNotice
 from .export.otlp import TraceExporter
 from .export.prom import KernelMetrics, RequestMetrics, serve
 from .request import Request
@@ -55,10 +56,15 @@ class Agent:
         self.cache = None  # CacheProbe
         self.cache_stats = None
         self.gpu = None
+        self.otlp_metrics = None
         self.exporter = None
         self.http = None
 
     # -- start-up -----------------------------------------------------------------
+
+    @property
+    def otlp_endpoint(self) -> str | None:
+        return self.config.traces.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
 
     def start(self) -> None:
         from .probes import capability
@@ -90,7 +96,7 @@ class Agent:
             self._on_exchange, self._on_notice)
         if self.config.engine.markers:
             from .probes.markers import MarkerProbe
-            self.markers = MarkerProbe(None, self.engine.on_marker)
+            self.markers = MarkerProbe(None, self._on_marker)
             self.hooks["engine_markers"] = f"{MarkerProbe.hook} libsitsprobe_markers"
         t = self.config.traces
         self.exporter = TraceExporter(clock=self.clock, endpoint=t.otlp_endpoint,
@@ -99,17 +105,21 @@ class Agent:
         self._start_cache(registry)
         if self.config.gpu.enabled:
             self._start_gpu(registry)
+        self._register_metrics(registry)
         if self.config.metrics.port:
             self._serve_metrics(registry)
+        if self.otlp_endpoint:
+            from .export.otlp_metrics import OtlpMetricsBridge
+            self.otlp_metrics = OtlpMetricsBridge(registry, self.otlp_endpoint, t.otlp_protocol,
+                                                  self.config.traces.metrics_interval_s)
         self._rescan()
         self.ready = True
         log.info("tracing %d process(es): %s", len(self.tracked),
                  ", ".join(f"{c}[{p}]" for p, c in sorted(self.tracked.items())) or "none yet")
 
     def _start_cache(self, registry: CollectorRegistry) -> None:
+        """Cache look-ups from every source (probes, RESP bytes, engine markers) in one table."""
         c = self.config.cache
-        if not c.probes and not c.resp_mode:
-            return
         from .cache import CacheStats, PrefixExtractor
         self.cache_stats = CacheStats(
             PrefixExtractor(c.prefix_delimiter, c.prefix_segments, c.prefix_regex,
@@ -147,12 +157,12 @@ class Agent:
             collapse=CollapseConfig(drop_ratio=g.collapse_drop_ratio,
                                     floor_percent=g.collapse_floor_percent,
                                     sustain_s=g.collapse_sustain_s, clear_s=g.collapse_clear_s),
-            alerts=AlertExporter(self.clock, t.otlp_endpoint, t.otlp_protocol))
+            alerts=AlertExporter(self.clock, self.otlp_endpoint, t.otlp_protocol))
         self.gpu.start(registry, cuda_cflags())
         if self.gpu.cuda is not None:
             self.hooks["cuda"] = "uprobe libcudart/libcuda"
 
-    def _serve_metrics(self, registry: CollectorRegistry) -> None:
+    def _register_metrics(self, registry: CollectorRegistry) -> None:
         registry.register(self.metrics)
         registry.register(KernelMetrics(
             self._counters, self.probe.status_counts,
@@ -161,11 +171,12 @@ class Agent:
                      "dropped": self.sampler.dropped,
                      "dropped_queue_full": self.exporter.dropped_by_queue},
             lambda: dict(self.tracked)))
+
+    def _serve_metrics(self, registry: CollectorRegistry) -> None:
         m = self.config.metrics
         try:
-            pages = {} if self.cache_stats is None else {
-                "/heatmap.png": ("image/png", self.heatmap_png),
-                "/heatmap.txt": ("text/plain; charset=utf-8", self.heatmap_text)}
+            pages = {"/heatmap.png": ("image/png", self.heatmap_png),
+                     "/heatmap.txt": ("text/plain; charset=utf-8", self.heatmap_text)}
             self.http = serve(registry, m.address, m.port, lambda: self.ready, pages)
         except OSError as e:
             raise SitsprobeError(f"cannot serve metrics on {m.address}:{m.port}: {e.strerror}; "
@@ -227,6 +238,11 @@ class Agent:
                 self._track(info)
 
     # -- events -------------------------------------------------------------------
+
+    def _on_marker(self, ev: MarkerEvent) -> None:
+        self.engine.on_marker(ev)
+        if ev.kind == "cache_get" and self.cache_stats is not None:
+            self.cache_stats.add(ev.name, ev.key, bool(ev.hit), ev.ts_ns)
 
     def _on_exchange(self, ex: Exchange) -> None:
         self._take(ex, self.stitcher.on_exchange(ex))
@@ -308,6 +324,8 @@ class Agent:
                 self.exporter.export(enrich(r))
         if self.exporter is not None:
             self.exporter.shutdown()
+        if self.otlp_metrics is not None:
+            self.otlp_metrics.shutdown()
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()

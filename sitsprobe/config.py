@@ -56,6 +56,7 @@ class Traces:
     otlp_protocol: str | None
     max_per_second: int
     keep_slowest: int
+    metrics_interval_s: float
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,7 @@ _RULES: dict[str, Rule] = {
     "traces.otlp_protocol": _opt(_choice("grpc", "http/protobuf")),
     "traces.max_per_second": _int(0),
     "traces.keep_slowest": _int(0),
+    "traces.metrics_interval_s": _num(0.1, 3600),
     "metrics.address": _str(),
     "metrics.port": _int(0, 65535),
     "engine.markers": _BOOL,

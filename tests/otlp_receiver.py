@@ -19,6 +19,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import (
     TraceServiceServicer,
     add_TraceServiceServicer_to_server,
 )
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import (
+    MetricsServiceServicer,
+    add_MetricsServiceServicer_to_server,
+)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
@@ -83,11 +88,36 @@ class _Receiver:
         self.close()
 
 
+class _Metrics(MetricsServiceServicer):
+    """OTLP metrics: every ExportMetricsServiceRequest, kept as is."""
+
+    def __init__(self) -> None:
+        self.requests: list = []
+
+    def Export(self, request, context):  # noqa: N802
+        self.requests.append(request)
+        return ExportMetricsServiceResponse()
+
+    def points(self, name: str) -> list[tuple[dict, float]]:
+        """(attributes, value) of the data points of metric `name`, in the last export that has it."""
+        for req in reversed(self.requests):
+            for rm in req.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        if m.name == name:
+                            data = m.sum if m.HasField("sum") else m.gauge
+                            return [(attributes(p.attributes), p.as_double or p.as_int)
+                                    for p in data.data_points]
+        return []
+
+
 class GrpcOtlpReceiver(_Receiver, TraceServiceServicer):
     def __init__(self) -> None:
         super().__init__()
         self._server = grpc.server(ThreadPoolExecutor(max_workers=4))
         add_TraceServiceServicer_to_server(self, self._server)
+        self.metrics = _Metrics()
+        add_MetricsServiceServicer_to_server(self.metrics, self._server)
         port = self._server.add_insecure_port("127.0.0.1:0")
         self.endpoint = f"http://127.0.0.1:{port}"
         self._server.start()

@@ -9,6 +9,7 @@ steps (continuous batching), up to ``max_batch_size``.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import secrets
 import sys
@@ -44,6 +45,15 @@ class Overloaded(EngineError):
 
 
 _DONE = object()
+# A fault to inject on purpose (bench/gpu_check.py): CPU-bound host work of this
+# many ms per request, in the scheduler thread, before prefill: the GPU starves.
+CPU_BURN_S = float(os.environ.get("SITSPROBE_ENGINE_CPU_BURN_MS") or 0) / 1000
+
+
+def _burn(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 class Handle:
@@ -199,6 +209,8 @@ class Scheduler:
             return
         handle.admitted.set()
         rid = handle.request_id
+        if CPU_BURN_S:
+            _burn(CPU_BURN_S)
         try:
             with markers.range("prefill", request_id=rid):
                 kv = self.model.new_kv(len(handle.prompt) + handle.params.max_tokens)

@@ -16,6 +16,7 @@ from .conftest import ROOT, free_port, wait_until
 REDIS_PORT = free_port()
 AGENT_SELECT = {"ports": [REDIS_PORT]}  # redis-server is traced too, for the RESP mode
 AGENT_EXTRA = {"cache": {"probes": ["redis"], "resp_mode": True, "bucket_s": 1}}
+AGENT_TRACES = {"metrics_interval_s": 0.5}
 CLIENTS = ("127.0.0.2", "127.0.1.3")
 
 
@@ -102,6 +103,13 @@ def test_preset_and_resp_mode_count_what_redis_counts(agent, redis):
                 wait_until(lambda: counted(cache, prefix, result) >= want, 10,
                            f"{cache} {prefix} {result} to reach {want}")
                 assert counted(cache, prefix, result) == want, (cache, prefix, result)
+
+    def otlp(prefix, result):  # the same counters, over OTLP metrics to a real receiver
+        return sum(v for a, v in agent.receiver.metrics.points("sitsprobe_cache_lookups_total")
+                   if a == {"cache": "redis", "prefix": prefix, "result": result})
+
+    want = sum(n for (p, _, h), n in tally.items() if p == "user" and h)
+    wait_until(lambda: otlp("user", "hit") == want, 10, "the OTLP metrics to show the same count")
 
     text = subprocess.run([sys.executable, "-m", "sitsprobe.cli", "heatmap", "--url", agent.metrics_url],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -1,0 +1,45 @@
+"""The agent's counters and gauges over OTLP: the same families /metrics
+shows, read from the Prometheus registry at each OTLP export (so there is one
+source of truth and no second set of instruments to keep in step)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+
+
+class OtlpMetricsBridge:
+    def __init__(self, registry: CollectorRegistry, endpoint: str, protocol: str | None,
+                 interval_s: float = 10.0):
+        if (protocol or "grpc") == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+            exporter = OTLPMetricExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
+        else:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+            exporter = OTLPMetricExporter(endpoint=endpoint.rstrip("/") + "/v1/metrics")
+        self._registry = registry
+        reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_s * 1000)
+        self._provider = MeterProvider(metric_readers=[reader],
+                                       resource=Resource.create({"service.name": "sitsprobe"}))
+        meter = self._provider.get_meter("sitsprobe")
+        for family in registry.collect():
+            if family.type == "counter":
+                meter.create_observable_counter(family.name + "_total", [self._reader(family.name, "_total")],
+                                                description=family.documentation)
+            elif family.type == "gauge":
+                meter.create_observable_gauge(family.name, [self._reader(family.name, "")],
+                                              description=family.documentation)
+
+    def _reader(self, name: str, suffix: str):
+        def observe(_options: CallbackOptions):
+            for family in self._registry.collect():
+                if family.name == name:
+                    return [Observation(s.value, dict(s.labels)) for s in family.samples
+                            if s.name == name + suffix]
+            return []
+        return observe
+
+    def shutdown(self) -> None:
+        self._provider.shutdown()
