@@ -206,6 +206,7 @@ class Agent:
     def _retire(self, pid: int) -> None:
         comm = self.tracked.pop(pid, None)
         self.probe.untrack(pid)
+        self.engine.instrumented.discard(pid)
         if self.gpu is not None:
             self.gpu.forget(pid)
         for ex in self.probe.forget(pid):
@@ -225,9 +226,13 @@ class Agent:
             self.cache.rescan()
         if self.markers is not None:
             from .probes.markers import find_marker_libraries
-            for path in find_marker_libraries(pids=self.tracked):
-                if self.markers.attach(path):
-                    log.info("engine markers: attached to %s", path)
+            for pid in list(self.tracked):
+                libs = find_marker_libraries(pids=[pid])
+                if libs:  # its requests wait for their markers from now on, even the first
+                    self.engine.instrumented.add(pid)
+                for path in libs:
+                    if self.markers.attach(path):
+                        log.info("engine markers: attached to %s", path)
 
     def _on_notice(self, n: ProcessNotice) -> None:
         if n.kind == "exit":
