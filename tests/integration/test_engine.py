@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import ROOT, wait_until
 
-AGENT_SELECT = {"cmdline": ["examples/engine/serve.py"]}
+AGENT_SELECT = {"cmdline": [r"engine/serve\.py .*--model-seed 7\b"]}  # this module's engine only
 REQUESTS = 24
 
 
@@ -23,14 +23,14 @@ def engine(agent, tmp_path_factory):
     d = tmp_path_factory.mktemp("engine")
     proc = subprocess.Popen(
         [sys.executable, "examples/engine/serve.py", "--host", "127.0.0.1", "--port", "0",
-         "--max-window-ms", "20"],
+         "--max-window-ms", "20", "--model-seed", "7"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=(d / "engine.log").open("w"), text=True,
         env={"SITSPROBE_MARKERS_DIR": str(d), "PATH": "/usr/bin:/bin"})
     line = proc.stdout.readline()
     assert line.startswith("listening on"), (d / "engine.log").read_text()
     port = int(line.rsplit(":", 1)[1])
     wait_until(lambda: agent.tracks(proc.pid), 15, "the agent to track the engine")
-    wait_until(lambda: "engine markers: attached" in agent.log.read_text(), 15,
+    wait_until(lambda: f"engine markers: attached to {d}/" in agent.log.read_text(), 15,
                "the agent to attach to the engine's markers")
     yield port
     proc.kill()
