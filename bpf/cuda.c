@@ -65,7 +65,8 @@ static __always_inline __u32 tracked_tgid(void)
     return cuda_pids.lookup(&tgid) ? tgid : 0;
 }
 
-static __always_inline int count_call(__u16 fn, __u16 kind, __u64 bytes)
+/* Count one call of a tracked process; its tgid, or 0 when untracked. */
+static __always_inline __u32 counted(__u16 fn, __u16 kind, __u64 bytes)
 {
     __u32 tgid = tracked_tgid();
     if (!tgid)
@@ -75,20 +76,20 @@ static __always_inline int count_call(__u16 fn, __u16 kind, __u64 bytes)
         s->calls++;
         s->bytes += bytes;
     }
+    return tgid;
+}
+
+static __always_inline int count_call(__u16 fn, __u16 kind, __u64 bytes)
+{
+    counted(fn, kind, bytes);
     return 0;
 }
 
 /* Entry of a timed function: count it, remember when (and what) for the return. */
 static __always_inline int enter_timed(__u16 fn, __u16 kind, __u64 bytes, __u64 arg, __u64 size)
 {
-    __u32 tgid = tracked_tgid();
-    if (!tgid)
+    if (!counted(fn, kind, bytes))
         return 0;
-    struct cuda_stat *s = stat_of(tgid, fn, kind);
-    if (s) {
-        s->calls++;
-        s->bytes += bytes;
-    }
     struct cuda_call c = {.id = bpf_get_current_pid_tgid(), .fn = fn};
     struct cuda_entry e = {.ts = bpf_ktime_get_ns(), .arg = arg, .size = size, .kind = kind};
     if (cuda_inflight.update(&c, &e))

@@ -46,6 +46,7 @@ class Agent:
                         config.routes.max_routes),
             config.stitch.idle_flush_ms * 1_000_000)
         self.engine = EngineJoin(config.engine.join_wait_ms * 1_000_000)
+        self._redact = frozenset(config.capture.redact_headers)
         self.tracked: dict[int, str] = {}  # pid -> comm
         self.names: dict[int, str] = {}  # every pid ever tracked -> comm, for metrics
         self.hooks: dict[str, str] = {}
@@ -134,11 +135,10 @@ class Agent:
 
     def heatmap_png(self) -> bytes:
         import io
-        import tempfile
         from .cache import render_png
-        with tempfile.NamedTemporaryFile(suffix=".png") as f:
-            render_png(self.cache_stats, f.name, clock=self.clock)
-            return io.open(f.name, "rb").read()
+        buf = io.BytesIO()
+        render_png(self.cache_stats, buf, clock=self.clock)
+        return buf.getvalue()
 
     def heatmap_text(self) -> bytes:
         from .cache import render_text
@@ -266,12 +266,15 @@ class Agent:
             ready += self.engine.on_request(r, now)
         self._release(ready, now)
 
+    def _enrich(self, r: Request) -> Request:
+        return enrich(r, self._redact)
+
     def _release(self, requests: list[Request], now: int) -> None:
         for r in requests:
             self.requests_seen += 1
             self.metrics.observe(r)
             for chosen in self.sampler.offer(r, now):
-                self.exporter.export(enrich(chosen))
+                self.exporter.export(self._enrich(chosen))
 
     def _flush_idle(self, now: int, everything: bool = False) -> dict[int, float]:
         """Report responses that are done; return requests in flight by pid."""
@@ -304,7 +307,7 @@ class Agent:
                     self.gpu.tick(list(self.tracked),
                                   {pid: (n, 0.0) for pid, n in in_flight.items()})
                 for r in self.sampler.flush(time.monotonic_ns()):
-                    self.exporter.export(enrich(r))
+                    self.exporter.export(self._enrich(r))
                 next_flush = now + flush_every
             if now >= next_rescan:
                 self._rescan()
@@ -326,7 +329,7 @@ class Agent:
             self._flush_idle(time.monotonic_ns(), everything=True)
             self._engine_tick(time.monotonic_ns(), everything=True)
             for r in self.sampler.flush():
-                self.exporter.export(enrich(r))
+                self.exporter.export(self._enrich(r))
         if self.exporter is not None:
             self.exporter.shutdown()
         if self.otlp_metrics is not None:

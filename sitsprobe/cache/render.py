@@ -157,9 +157,10 @@ def figure(data: list[HeatmapData], clock: WallClock | None = None):
     return fig
 
 
-def render_png(stats: CacheStats, path: str, window: float | None = None,
+def render_png(stats: CacheStats, path, window: float | None = None,
                end_ns: int | None = None, clock: WallClock | None = None) -> list[HeatmapData]:
-    """Write the heatmaps of every cache to path (PNG); returns what was drawn.
+    """Write the heatmaps of every cache to path (a file name or a binary file
+    object) as PNG; returns what was drawn.
     window: seconds of history shown (default: all that is kept)."""
     data = [heatmap_data(stats, c, window, end_ns) for c in stats.caches()]
     if not data:  # nothing seen yet: still a valid, labelled picture

@@ -28,7 +28,8 @@ class Stitcher:
 
     def on_exchange(self, ex: Exchange) -> list[Request]:
         """An exchange the kernel reported."""
-        if self._reported.pop(ex.key, 0) is None:
+        if ex.key in self._reported:  # already reported by a flush
+            del self._reported[ex.key]
             self.duplicates += 1
             return []
         return self.requests(ex)
@@ -98,16 +99,18 @@ class Stitcher:
             traceparent=head.traceparent, **base)
 
 
-def enrich(r: Request) -> Request:
+def enrich(r: Request, redact: frozenset[str] = frozenset()) -> Request:
     """Add what only the headers tell (traceparent, user agent) to a request
-    about to be traced; the metrics path never pays for parsing them."""
+    about to be traced; the metrics path never pays for parsing them. A header
+    named in `redact` (capture.redact_headers) is never exported."""
     if not r.head:
         return r
     heads = parse_request_heads(r.head, limit=1)
     if not heads:
         return r._replace(head=b"")
     h = heads[0]
-    return r._replace(head=b"", traceparent=h.traceparent, user_agent=h.headers.get("user-agent"))
+    agent = None if "user-agent" in redact else h.headers.get("user-agent")
+    return r._replace(head=b"", traceparent=h.traceparent, user_agent=agent)
 
 
 def _share(total: int, n: int, i: int) -> int:

@@ -125,3 +125,12 @@ def test_an_idle_exchange_is_reported_once_however_often_it_is_flushed():
     assert st.on_flush(ex) == [] and st.on_flush(ex) == []
     assert st.on_exchange(ex._replace(reason=1)) == []  # the kernel's own copy, later
     assert len(st.on_exchange(ex._replace(start_ns=40))) == 1  # the next one is new
+
+
+def test_a_redacted_header_is_never_exported():
+    from sitsprobe.stitch.exchange import enrich
+
+    r = request(1, 2)._replace(head=b"GET / HTTP/1.1\r\nUser-Agent: secret-client/1\r\n\r\n")
+    assert enrich(r).user_agent == "secret-client/1"
+    assert enrich(r, frozenset({"user-agent"})).user_agent is None
+    assert enrich(r).head == b""  # the captured bytes never travel further
