@@ -247,10 +247,14 @@ static __always_inline int leave(long ret)
     struct conn *c = conns.lookup(&key);
     if (!c)
         goto out;
+    /* Userspace reads this entry while we write it (the idle flush): the
+     * count is odd during the update, and moves on every update. */
+    __sync_fetch_and_add(&c->seq, 1);
     if (a->kind & SEND)
         on_send(c, a, tgid, ret);
     else
         on_recv(c, a, tgid, ret, bpf_ktime_get_ns());
+    __sync_fetch_and_add(&c->seq, 1);
 out:
     inflight.delete(&id);
     return 0;

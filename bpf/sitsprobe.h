@@ -89,6 +89,7 @@ struct conn {
     __u16 statuses[MAX_PIPELINE];
     __u16 req_len;     /* bytes captured in req */
     __u16 resp_len;
+    __u32 seq; /* odd while an exchange is being updated: a reader's torn copy is detectable */
     __u8 req[REQ_CAP];
     __u8 resp[RESP_CAP];
 };

@@ -14,6 +14,7 @@ from .ring import DrainBudget
 
 # bpf/sitsprobe.h
 ST_IDLE, ST_READING, ST_RESPONDING = 0, 1, 2
+BPF_NOEXIST = 1  # map update flag: create only
 COUNTERS = ("exchanges", "lost", "conn_overflow", "notices_lost", "inflight_lost")
 _HOOK_CODE = {FENTRY: 1, KPROBE: 2, TRACEPOINT: 3}
 _FAMILIES = {socket.AF_INET: (socket.AF_INET, 4), socket.AF_INET6: (socket.AF_INET6, 16)}
@@ -116,10 +117,13 @@ class NetProbe:
         c.t.lport, c.t.rport = local.port, peer.port
         c.flags = CF_TUPLE | CF_SEEDED
         key = self._conns.Key((tgid << 32) | fd)
-        try:
-            self._conns.__setitem__(key, c)
-        except Exception:  # map full: the kernel counts its own overflows, we skip
-            pass
+        # BPF_NOEXIST: the process is already tracked while we read /proc, so
+        # the kernel may have taken this connection, mid-exchange, meanwhile.
+        # Its entry is the truth; a fresh one over it would lose that exchange.
+        # A full map or an entry already there: nothing to do either way.
+        from bcc.libbcc import lib
+
+        lib.bpf_update_elem(self._conns.map_fd, ct.byref(key), ct.byref(c), BPF_NOEXIST)
 
     def poll(self, timeout_ms: int) -> None:
         """Wait up to timeout_ms (exchanges never wake us: a wakeup per event
@@ -130,10 +134,28 @@ class NetProbe:
         self._bpf.ring_buffer_consume()
 
     def open_exchanges(self) -> Iterator[tuple[Exchange, int]]:
-        """Every connection with an exchange in progress, with its state."""
+        """Every connection with an exchange in progress, with its state.
+
+        The kernel may be updating an entry while we copy it. A responding
+        exchange is given as ST_RESPONDING (which the agent may flush) only
+        when no update was in progress (even `seq`) and a second read finds
+        `seq` unchanged: no update overlapped the first copy. A torn copy
+        would be flushed with the wrong bytes and the kernel's own report of
+        it then dropped as a duplicate. Otherwise it is given as ST_READING:
+        still in flight, looked at again on the next tick."""
         for key, c in list(self._conns.items()):
-            if c.state != ST_IDLE:
-                yield decode(c, END_FLUSH), c.state
+            if c.state == ST_IDLE:
+                continue
+            state = c.state
+            if state == ST_RESPONDING and not self._settled(key, c.seq):
+                state = ST_READING
+            yield decode(c, END_FLUSH), state
+
+    def _settled(self, key, seq: int) -> bool:
+        if seq % 2:
+            return False
+        again = self._conns.get(key)
+        return again is not None and again.seq == seq
 
     def forget(self, tgid: int) -> list[Exchange]:
         """Drop a dead process's connections, returning its open exchanges."""

@@ -1,0 +1,82 @@
+"""The network probe on its own, against a real server: what the agent's
+/proc seeding and idle flush may and may not do to connections the kernel
+already follows."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sitsprobe import procs
+from sitsprobe.probes import capability
+from sitsprobe.probes.net import ST_READING, ST_RESPONDING, NetProbe, cflags
+
+from .conftest import Server, require_root, wait_until
+from .test_net import Client
+
+
+@pytest.fixture
+def probe():
+    require_root()
+    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) is not importable")
+    plan = capability.plan(capability.probe_all())["net"]
+    seen = []
+    p = NetProbe(cflags(request_bytes=256, response_bytes=64, max_connections=1024,
+                        ring_buffer_mib=1, tcp_sendmsg=plan["tcp_sendmsg"]),
+                 seen.append, lambda _notice: None)
+    p.seen = seen
+    yield p
+    p.close()
+
+
+def _paths(probe: NetProbe) -> list[bytes]:
+    probe.poll(0)
+    return [ex.req.split(b" ")[1] for ex in probe.seen if ex.req]
+
+
+def test_seeding_takes_old_connections_and_leaves_followed_ones_alone(probe):
+    server = Server(None)
+    try:
+        old = Client(server.port)
+        old.request("GET", "/before-tracking")
+        probe.track(server.pid)
+        new = Client(server.port)  # accepted while tracked: the kernel follows it
+        new.request("GET", "/first")
+        # What the agent's _track does, slowly, after track(): seed from /proc.
+        # The kernel's entry for `new` holds /first, answered and not yet reported.
+        listening = procs.listening_ports(server.pid)
+        for fd, local, peer in procs.established(server.pid):
+            if local.port in listening:
+                probe.seed(server.pid, fd, "server", local, peer)
+        new.request("GET", "/second")
+        # The server's thread for `old` entered recv() before tracking: that
+        # read's bytes are not seen (its exchange has a response only), the next are.
+        old.request("GET", "/unseen")
+        old.request("GET", "/after-seeding")
+        new.close()
+        old.close()
+        wait_until(lambda: {b"/first", b"/second", b"/after-seeding"} <= set(_paths(probe)), 10,
+                   "every exchange after tracking to be reported")
+        assert sorted(_paths(probe)) == [b"/after-seeding", b"/first", b"/second"]
+    finally:
+        server.stop()
+
+
+def test_an_open_exchange_is_given_as_responding_only_when_settled(probe):
+    server = Server(None)
+    try:
+        probe.track(server.pid)
+        c = Client(server.port)
+        c.request("GET", "/quiet")
+        time.sleep(0.05)
+        open_ = list(probe.open_exchanges())
+        assert [(ex.req.split(b" ")[1], state) for ex, state in open_] == [(b"/quiet", ST_RESPONDING)]
+        ex = open_[0][0]
+        key = probe._conns.Key((ex.tgid << 32) | ex.fd)
+        entry = probe._conns[key]
+        entry.seq += 1  # as the kernel leaves it while it updates the entry
+        probe._conns[key] = entry
+        assert [state for _, state in probe.open_exchanges()] == [ST_READING]
+        c.close()
+    finally:
+        server.stop()
