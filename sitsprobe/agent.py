@@ -1,6 +1,7 @@
 """The agent: load the probes, follow the selected processes, stitch, export."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -31,8 +32,11 @@ def selector_of(config: Config) -> procs.Selector:
 
 
 class Agent:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, gpu_backend=None):
+        """gpu_backend: the NVML boundary (None: the real libnvidia-ml); tests
+        and replays pass a sitsprobe.gpu.recorded.RecordedBackend."""
         self.config = config
+        self._gpu_backend = gpu_backend
         self.selector = selector_of(config)
         if self.selector.empty():
             raise SitsprobeError(
@@ -144,6 +148,15 @@ class Agent:
         from .cache import render_text
         return render_text(self.cache_stats).encode()
 
+    def alerts_json(self) -> bytes:
+        """The GPU alerts raised now, with their evidence (what `sitsprobe top` shows)."""
+        active = self.gpu.detector.active() if self.gpu is not None else {}
+        return json.dumps([
+            {"gpu": a.gpu, "pid": a.pid, "process": self.names.get(a.pid, "") if a.pid else "",
+             "cause": a.cause, "since_unix": self.clock.to_wall_ns(a.window_start_ns) / 1e9,
+             "evidence": a.evidence}
+            for _, a in sorted(active.items())], default=str).encode()
+
     def _start_gpu(self, registry: CollectorRegistry) -> None:
         from .export.alerts import AlertExporter
         from .gpu import CollapseConfig
@@ -157,7 +170,8 @@ class Agent:
             collapse=CollapseConfig(drop_ratio=g.collapse_drop_ratio,
                                     floor_percent=g.collapse_floor_percent,
                                     sustain_s=g.collapse_sustain_s, clear_s=g.collapse_clear_s),
-            alerts=AlertExporter(self.clock, self.otlp_endpoint, t.otlp_protocol))
+            alerts=AlertExporter(self.clock, self.otlp_endpoint, t.otlp_protocol),
+            backend=self._gpu_backend)
         self.gpu.start(registry, cuda_cflags())
         if self.gpu.cuda is not None:
             self.hooks["cuda"] = "uprobe libcudart/libcuda"
@@ -176,7 +190,8 @@ class Agent:
         m = self.config.metrics
         try:
             pages = {"/heatmap.png": ("image/png", self.heatmap_png),
-                     "/heatmap.txt": ("text/plain; charset=utf-8", self.heatmap_text)}
+                     "/heatmap.txt": ("text/plain; charset=utf-8", self.heatmap_text),
+                     "/alerts.json": ("application/json", self.alerts_json)}
             self.http = serve(registry, m.address, m.port, lambda: self.ready, pages)
         except OSError as e:
             raise SitsprobeError(f"cannot serve metrics on {m.address}:{m.port}: {e.strerror}; "
@@ -304,14 +319,24 @@ class Agent:
                 in_flight = self._flush_idle(time.monotonic_ns())
                 self._engine_tick(time.monotonic_ns())
                 if self.gpu is not None:
-                    self.gpu.tick(list(self.tracked),
-                                  {pid: (n, 0.0) for pid, n in in_flight.items()})
+                    self.gpu.tick(list(self.tracked), self._demand(in_flight))
                 for r in self.sampler.flush(time.monotonic_ns()):
                     self.exporter.export(self._enrich(r))
                 next_flush = now + flush_every
             if now >= next_rescan:
                 self._rescan()
                 next_rescan = now + rescan_every
+
+    def _demand(self, open_exchanges: dict[int, float]) -> dict[int, tuple[float, float]]:
+        """(in flight, queued) per pid. An engine's queued requests are open
+        exchanges too: what the network sees beyond the engine's own count
+        (requests not yet begun there) is in flight with the rest."""
+        engine = self.engine.demand()
+        out = {}
+        for pid in set(open_exchanges) | set(engine):
+            begun, queued = engine.get(pid, (0, 0))
+            out[pid] = (max(open_exchanges.get(pid, 0), begun) - queued, float(queued))
+        return out
 
     def _engine_tick(self, now: int, everything: bool = False) -> None:
         self._release(self.engine.due(now, everything), now)

@@ -107,6 +107,17 @@ class EngineJoin:
         if st is not None:
             st.usage = (ev.input_tokens, ev.output_tokens, ev.kv_bytes)
 
+    def demand(self) -> dict[int, tuple[int, int]]:
+        """Per process, the engine's own count: (requests begun and not ended,
+        of which waiting in a "queue" stage now)."""
+        out: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        for tgid, _ in self._open:
+            out[tgid][0] += 1
+        for tgid, _, _, name in self._begun:
+            if name == "queue":
+                out[tgid][1] += 1
+        return {tgid: (n, min(q, n)) for tgid, (n, q) in out.items()}
+
     # -- requests -----------------------------------------------------------------
 
     def on_request(self, r: Request, now_ns: int) -> list[Request]:

@@ -178,3 +178,27 @@ class Server:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class Engine:
+    """examples/engine/serve.py (the reference engine, on the CPU) in a subprocess.
+    Its markers library is built in `workdir`; stderr goes to workdir/engine.log."""
+
+    def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None,
+                 cpus: set[int] | None = None):
+        pytest.importorskip("torch")
+        self.log = workdir / "engine.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "examples/engine/serve.py", "--host", "127.0.0.1", "--port", "0", *args],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True,
+            env={"SITSPROBE_MARKERS_DIR": str(workdir), "PATH": "/usr/bin:/bin", **(env or {})},
+            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
+        line = self.proc.stdout.readline()
+        assert line.startswith("listening on"), self.log.read_text()
+        self.port = int(line.rsplit(":", 1)[1])
+        self.pid = self.proc.pid
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import pytest
 
-from .conftest import ROOT, wait_until
+from .conftest import ROOT, Engine, wait_until
 
 AGENT_SELECT = {"cmdline": [r"engine/serve\.py .*--model-seed 7\b"]}  # this module's engine only
 REQUESTS = 24
@@ -19,22 +19,13 @@ REQUESTS = 24
 
 @pytest.fixture(scope="module")
 def engine(agent, tmp_path_factory):
-    pytest.importorskip("torch")
     d = tmp_path_factory.mktemp("engine")
-    proc = subprocess.Popen(
-        [sys.executable, "examples/engine/serve.py", "--host", "127.0.0.1", "--port", "0",
-         "--max-window-ms", "20", "--model-seed", "7"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=(d / "engine.log").open("w"), text=True,
-        env={"SITSPROBE_MARKERS_DIR": str(d), "PATH": "/usr/bin:/bin"})
-    line = proc.stdout.readline()
-    assert line.startswith("listening on"), (d / "engine.log").read_text()
-    port = int(line.rsplit(":", 1)[1])
-    wait_until(lambda: agent.tracks(proc.pid), 15, "the agent to track the engine")
+    e = Engine(d, "--max-window-ms", "20", "--model-seed", "7")
+    wait_until(lambda: agent.tracks(e.pid), 15, "the agent to track the engine")
     wait_until(lambda: f"engine markers: attached to {d}/" in agent.log.read_text(), 15,
                "the agent to attach to the engine's markers")
-    yield port
-    proc.kill()
-    proc.wait()
+    yield e.port
+    e.stop()
 
 
 def load(port: int, out, *extra: str) -> dict:

@@ -134,3 +134,20 @@ def test_a_redacted_header_is_never_exported():
     assert enrich(r).user_agent == "secret-client/1"
     assert enrich(r, frozenset({"user-agent"})).user_agent is None
     assert enrich(r).head == b""  # the captured bytes never travel further
+
+
+def test_demand_counts_requests_in_the_engine_and_those_queued():
+    j = EngineJoin()
+    for rid in (1, 2, 3):
+        j.on_marker(m("request_begin", rid, request_id=rid, fd=FD + rid, name="tiny"))
+        j.on_marker(m("range_begin", 10 + rid, request_id=rid, name="queue"))
+    j.on_marker(m("range_end", 20, request_id=1, name="queue"))  # 1 is served, 2 and 3 wait
+    j.on_marker(m("range_begin", 21, request_id=1, name="prefill"))
+    assert j.demand() == {PID: (3, 2)}
+    for rid in (2, 3):
+        j.on_marker(m("range_end", 30, request_id=rid, name="queue"))
+    j.on_marker(m("request_end", 40, request_id=1))
+    assert j.demand() == {PID: (2, 0)}
+    for rid in (2, 3):
+        j.on_marker(m("request_end", 50, request_id=rid))
+    assert j.demand() == {}
