@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from . import kheaders, procs, tracefs
 from .clock import WallClock
 from .config import Config
+from .containers import Container, container_of
 from .errors import SitsprobeError
 from .events import END_EXIT, Exchange, MarkerEvent, ProcessNotice
 from .export.otlp import TraceExporter
@@ -53,6 +54,7 @@ class Agent:
         self._redact = frozenset(config.capture.redact_headers)
         self.tracked: dict[int, str] = {}  # pid -> comm
         self.names: dict[int, str] = {}  # every pid ever tracked -> comm, for metrics
+        self.containers: dict[int, Container | None] = {}  # tracked pid -> its container
         self.hooks: dict[str, str] = {}
         self.ready = False
         self.requests_seen = 0
@@ -184,7 +186,7 @@ class Agent:
             lambda: {"seen": self.sampler.seen, "exported": self.sampler.exported,
                      "dropped": self.sampler.dropped,
                      "dropped_queue_full": self.exporter.dropped_by_queue},
-            lambda: dict(self.tracked)))
+            lambda: dict(self.tracked), self.containers.get))
 
     def _serve_metrics(self, registry: CollectorRegistry) -> None:
         m = self.config.metrics
@@ -212,6 +214,7 @@ class Agent:
     def _track(self, info: procs.ProcInfo) -> None:
         self.probe.track(info.pid)
         self.tracked[info.pid] = self.names[info.pid] = info.comm
+        self.containers[info.pid] = container_of(info.pid)
         listening = procs.listening_ports(info.pid)
         for fd, local, peer in procs.established(info.pid):
             if local.port in listening:  # a server-side connection made before we started
@@ -220,6 +223,7 @@ class Agent:
 
     def _retire(self, pid: int) -> None:
         comm = self.tracked.pop(pid, None)
+        self.containers.pop(pid, None)
         self.probe.untrack(pid)
         self.engine.instrumented.discard(pid)
         if self.gpu is not None:

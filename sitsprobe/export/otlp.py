@@ -28,6 +28,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from sitsprobe import __version__
 from sitsprobe.clock import WallClock
+from sitsprobe.containers import container_of
 from sitsprobe.errors import ConfigError
 from sitsprobe.request import Request
 
@@ -63,8 +64,10 @@ class TraceExporter:
         traces_file: str | None = None,
         headers: Mapping[str, str] | None = None,
         queue_size: int = 2048,
+        proc: str = "/proc",
     ) -> None:
         self._clock = clock
+        self._proc = proc  # where a traced process's cgroup (its container) is read
         self._queue_size = queue_size
         network = _network_exporter(endpoint or None, _resolve_protocol(protocol), headers)
         file = OtlpJsonFileExporter(traces_file) if traces_file else None
@@ -165,6 +168,13 @@ class TraceExporter:
             "telemetry.distro.name": "sitsprobe",
             "telemetry.distro.version": __version__,
         }
+        container = container_of(pid, self._proc)
+        if container is not None:  # the OpenTelemetry container and k8s conventions
+            defaults["container.id"] = container.id
+            if container.runtime:
+                defaults["container.runtime"] = container.runtime
+            if container.pod_uid:
+                defaults["k8s.pod.uid"] = container.pod_uid
         return Resource.create({k: v for k, v in defaults.items() if k not in from_env})
 
 

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import MetricsHandler
 
+from ..containers import Container
 from ..request import Request
 
 # OpenTelemetry's advice for http.server.request.duration, in seconds
@@ -171,10 +172,11 @@ class KernelMetrics:
                  process_name: Callable[[int], str],
                  gauges: Callable[[], dict[str, float]],
                  sampler_counts: Callable[[], dict[str, int]],
-                 tracked: Callable[[], dict[int, str]]):
+                 tracked: Callable[[], dict[int, str]],
+                 container: Callable[[int], Container | None] = lambda pid: None):
         self._counters, self._status = counters, status_counts
         self._name, self._gauges, self._sampler = process_name, gauges, sampler_counts
-        self._tracked = tracked
+        self._tracked, self._container = tracked, container
 
     def collect(self):
         requests = CounterMetricFamily(
@@ -198,10 +200,12 @@ class KernelMetrics:
         for outcome, n in self._sampler().items():
             traces.add_metric([outcome], n)
         yield traces
-        info = GaugeMetricFamily("sitsprobe_tracked_process_info", "Processes traced now",
-                                 labels=("pid", "process"))
+        info = GaugeMetricFamily("sitsprobe_tracked_process_info",
+                                 "Processes traced now, with their container and pod (join on pid)",
+                                 labels=("pid", "process", "container_id", "pod_uid"))
         for pid, comm in sorted(self._tracked().items()):
-            info.add_metric([str(pid), comm], 1)
+            c = self._container(pid)
+            info.add_metric([str(pid), comm, c.id if c else "", c.pod_uid if c else ""], 1)
         yield info
         for name, value in self._gauges().items():
             yield GaugeMetricFamily(f"sitsprobe_{name}", name.replace("_", " "), value=value)

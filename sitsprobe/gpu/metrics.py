@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..containers import Container, container_of
 from .collapse import CollapseDetector
 from .cuda import COPIES, SYNCS, TIMED, CudaCount
 from .nvml import NvmlSampler
@@ -15,8 +16,9 @@ from .nvml import NvmlSampler
 class GpuMetrics:
     """The NVML sampler's latest reading of each GPU, and its error counts."""
 
-    def __init__(self, sampler: NvmlSampler, process_name: Callable[[int], str] = lambda pid: ""):
-        self._s, self._name = sampler, process_name
+    def __init__(self, sampler: NvmlSampler, process_name: Callable[[int], str] = lambda pid: "",
+                 container: Callable[[int], Container | None] = container_of):
+        self._s, self._name, self._container = sampler, process_name, container
 
     def collect(self):
         g = ("gpu",)
@@ -43,7 +45,8 @@ class GpuMetrics:
                                           "Clock throttle (event) reasons active now",
                                           labels=("gpu", "reason")),
             "proc": GaugeMetricFamily("sitsprobe_gpu_process_sm_utilization_ratio",
-                                      "SM utilization by process (NVML)", labels=("gpu", "pid", "process")),
+                                      "SM utilization by process (NVML), with its container and pod",
+                                      labels=("gpu", "pid", "process", "container_id", "pod_uid")),
         }
         for s in self._s.latest().values():
             i = str(s.gpu)
@@ -60,7 +63,9 @@ class GpuMetrics:
             for reason in s.throttle_reasons:
                 fam["throttle"].add_metric([i, reason], 1)
             for p in s.processes:
-                fam["proc"].add_metric([i, str(p.pid), self._name(p.pid)], p.sm_percent / 100)
+                c = self._container(p.pid)
+                fam["proc"].add_metric([i, str(p.pid), self._name(p.pid), c.id if c else "",
+                                        c.pod_uid if c else ""], p.sm_percent / 100)
         yield from fam.values()
         errors = CounterMetricFamily("sitsprobe_gpu_nvml_errors", "NVML calls that failed, by error",
                                      labels=("gpu", "error"))

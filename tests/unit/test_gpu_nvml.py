@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sitsprobe.clock import WallClock
+from sitsprobe.containers import Container
 from sitsprobe.gpu.calls import CallRunner, CallTimeout, DriverHung
 from sitsprobe.gpu.metrics import GpuMetrics
 from sitsprobe.gpu.nvml import (GPM, RATES, SAMPLES, NvmlSampler, NvmlUnavailable, available,
@@ -348,14 +349,16 @@ def test_gpu_metrics_collector():
     b.fail[(0, "utilization_rates")] = NVMLError_GpuIsLost()
     s.tick()
     reg = CollectorRegistry()
-    reg.register(GpuMetrics(s, process_name={77: "engine"}.get))
+    pod = Container("cd" * 32, "containerd", "1f2e3d4c-5b6a-4789-8abc-def012345678")
+    reg.register(GpuMetrics(s, process_name={77: "engine"}.get, container={77: pod}.get))
     text = generate_latest(reg).decode()
     for line in ('sitsprobe_gpu_info{gpu="0",name="NVIDIA H200",uuid="GPU-abc"} 1.0',
                  'sitsprobe_gpu_busy_ratio{gpu="0",signal="utilization_rates"} 0.5',
                  'sitsprobe_gpu_utilization_ratio{gpu="0",kind="memory"} 0.1',
                  'sitsprobe_gpu_power_watts{gpu="0"} 300.0',
                  'sitsprobe_gpu_throttle_reason{gpu="0",reason="sw_power_cap"} 1.0',
-                 'sitsprobe_gpu_process_sm_utilization_ratio{gpu="0",pid="77",process="engine"} 0.45',
+                 'sitsprobe_gpu_process_sm_utilization_ratio{container_id="' + "cd" * 32 + '",gpu="0",'
+                 'pid="77",pod_uid="1f2e3d4c-5b6a-4789-8abc-def012345678",process="engine"} 0.45',
                  'sitsprobe_gpu_nvml_errors_total{error="gpu_is_lost",gpu="0"} 1.0'):
         assert line in text, line
 

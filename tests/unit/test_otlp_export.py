@@ -469,3 +469,18 @@ def test_otlp_json_equals_the_sdk_encoding_for_exported_requests(clock):
     assert len(sink.spans) == 4
     assert otlp_json(sink.spans) == reference_otlp_json(sink.spans)
     assert otlp_json([]) == reference_otlp_json([]) == {}
+
+
+def test_a_containerised_process_names_its_container_and_pod(clock, tmp_path):
+    uid = "1f2e3d4c-5b6a-4789-8abc-def012345678"
+    cid = "ab" * 32
+    (tmp_path / "proc" / "4242").mkdir(parents=True)
+    (tmp_path / "proc" / "4242" / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n")
+    exporter = TraceExporter(clock=clock, traces_file=str(tmp_path / "t.jsonl"), proc=str(tmp_path / "proc"))
+    export_all(exporter, request(), request()._replace(pid=7))
+    by_pid = {res["process.pid"]["intValue"]: res for res, _ in file_spans(tmp_path / "t.jsonl")}
+    assert by_pid["4242"]["container.id"] == {"stringValue": cid}
+    assert by_pid["4242"]["container.runtime"] == {"stringValue": "containerd"}
+    assert by_pid["4242"]["k8s.pod.uid"] == {"stringValue": uid}
+    assert "container.id" not in by_pid["7"]
