@@ -23,6 +23,16 @@ SIGINT/SIGTERM stop it cleanly: open exchanges are reported, exporters
 flushed, and every probe detached.
 """
 
+TOP_EPILOG = """\
+Shows, per interval: HTTP req/s, 5xx share and p50/p99 latency per process;
+the engine's time to first token, time per output token, batch size and
+prefix-cache hits; per cache, look-ups/s, miss share and the most-missed key
+prefix; per GPU, busy share, memory and power, with raised collapse alerts.
+The numbers are differences between consecutive scrapes of the agent's
+/metrics page (quantiles from histogram buckets, as histogram_quantile does);
+alerts come from its /alerts.json. Keys: q quit, p pause, s sort HTTP rows.
+"""
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -59,6 +69,14 @@ def _parser() -> argparse.ArgumentParser:
     heat = sub.add_parser("heatmap", help="cache-miss heatmaps from a running agent")
     heat.add_argument("--url", default="http://127.0.0.1:9102", help="the agent's metrics address")
     heat.add_argument("--out", metavar="FILE.png", help="write the PNG here (else print text)")
+
+    top = sub.add_parser("top", help="live view of one node, from a running agent's metrics",
+                         epilog=TOP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("--url", default="http://127.0.0.1:9102", help="the agent's metrics address")
+    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                     help="seconds between scrapes (default 1.0)")
+    top.add_argument("--once", action="store_true",
+                     help="print one plain-text frame (two scrapes --interval apart) and exit")
 
     conf = sub.add_parser("config", help="show or check the effective configuration")
     conf.add_argument("-c", "--config", metavar="FILE")
@@ -121,6 +139,17 @@ def _heatmap(a: argparse.Namespace) -> int:
     return 0
 
 
+def _top(a: argparse.Namespace) -> int:
+    from .top import Source, TopApp, once
+    if a.interval <= 0:
+        raise SitsprobeError(f"--interval: expected a positive number of seconds, got {a.interval}")
+    if a.once:
+        print(once(Source(a.url), a.interval))
+    else:
+        TopApp(Source(a.url), a.interval).run()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     try:
@@ -128,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(a)
         if a.command == "heatmap":
             return _heatmap(a)
+        if a.command == "top":
+            return _top(a)
         if a.command == "doctor":
             from . import doctor
             headers = cfg.load(a.config).kernel_headers if a.config else None

@@ -1,0 +1,130 @@
+"""A View as lines of Rich markup, 80 columns wide: the same lines make the
+Textual app's screen and the plain `--once` frame. Every label the agent
+reports (process, model, cache, prefix, cause) is escaped."""
+from __future__ import annotations
+
+import time
+
+from rich.markup import escape
+from rich.text import Text
+
+from .model import AlertRow, View, sort_http
+
+WAITING = "waiting for a second scrape: rates need two"
+
+
+def header(url: str, view: View | None, *, paused: bool = False, error: str | None = None) -> list[str]:
+    first = f"[b]sitsprobe top[/b]  {escape(url)}"
+    if view is not None:
+        first += f"  {time.strftime('%H:%M:%S', time.gmtime(view.at))} UTC  over {view.seconds:.1f}s"
+    if paused:
+        first += "  [reverse]" + escape("[PAUSED]") + "[/reverse]"
+    lines = [first]
+    if view is not None:
+        lost = f"lost {view.lost_total:.0f}"
+        if view.lost_total:
+            reasons = ", ".join(f"{escape(r)} {n:.0f}" for r, n in sorted(view.lost_by_reason.items()))
+            lost = f"[b red]{lost} ({reasons})[/b red]"
+        lines.append(f"processes {view.processes}  events {view.events_rate:.1f}/s  {lost}")
+    if error:
+        lines.append(f"[b red]{escape(error)}[/b red]")
+    return lines
+
+
+def body(view: View | None, sort: str) -> list[str]:
+    if view is None:
+        return [WAITING]
+    lines: list[str] = []
+    for section in (_http(view, sort), _engine(view), _caches(view), _gpus(view)):
+        if section:
+            lines += [""] * bool(lines) + section
+    return lines
+
+
+def text(lines: list[str]) -> Text:
+    return Text.from_markup("\n".join(lines))
+
+
+def plain(lines: list[str]) -> str:
+    return text(lines).plain
+
+
+def _http(view: View, sort: str) -> list[str]:
+    lines = [f"[b]{'HTTP by process':<28} {'req/s':>8} {'5xx':>7} {'p50':>9} {'p99':>9}[/b]"
+             f"  sort: {sort}"]
+    for r in sort_http(view.http, sort):
+        pid = "" if not r.pids else f"[{r.pids[0]}]" if len(r.pids) == 1 else f" ({len(r.pids)} pids)"
+        errors = _pct(r.error_ratio)
+        if r.error_ratio:
+            errors = f"[red]{errors:>7}[/red]"
+        lines.append(f"{_cell(r.process + pid, 28)} {r.rate:>8.1f} {errors:>7} "
+                     f"{_dur(r.p50):>9} {_dur(r.p99):>9}")
+    return lines if view.http else [*lines, "no HTTP responses yet"]
+
+
+def _engine(view: View) -> list[str]:
+    lines = [f"[b]{'Engine':<25} {'ttft p50':>9} {'ttft p99':>9} {'tpot p50':>9} "
+             f"{'prefix hits':>12} {'since start':>11}[/b]"]
+    for r in view.engine:
+        lines.append(f"{_cell(f'{r.process} {r.model}', 25)} {_dur(r.ttft_p50):>9} {_dur(r.ttft_p99):>9} "
+                     f"{_dur(r.tpot_p50):>9} {_pct(r.prefix_hits):>12} {_pct(r.prefix_hits_total):>11}")
+    if view.batch_mean is not None:
+        lines.append(f"batches: {view.batch_mean:.2f} requests per step, {view.batch_rate:.1f} steps/s")
+    return lines if len(lines) > 1 else [*lines, "no engine markers seen"]
+
+
+def _caches(view: View) -> list[str]:
+    if not view.caches:
+        return []
+    lines = [f"[b]{'Caches':<26} {'look-ups/s':>10} {'miss':>7}  most misses by key prefix[/b]"]
+    for r in view.caches:
+        top = "-" if r.top_miss_prefix is None else f"{_cell(r.top_miss_prefix, 20)} {r.top_miss_rate:.1f}/s"
+        lines.append(f"{_cell(r.cache, 26)} {r.rate:>10.1f} {_pct(r.miss_ratio):>7}  {top}")
+    return lines
+
+
+def _gpus(view: View) -> list[str]:
+    if not view.gpus and not view.alerts:
+        return []
+    lines = [f"[b]{'GPU':<3} {'busy':>5}  {'signal':<17} {'memory':>15} {'power':>7}  busiest process[/b]"]
+    for g in view.gpus:
+        busy = _pct(g.busy, 0)
+        if g.collapsed:
+            busy = f"[b red]{busy:>5}[/b red]"
+        memory = "-" if g.memory_used is None or not g.memory_total else \
+            f"{g.memory_used / 2**30:.1f}/{g.memory_total / 2**30:.1f} GiB"
+        power = "-" if g.power is None else f"{g.power:.0f} W"
+        top = "-" if g.top_process is None else \
+            f"{_cell(f'{g.top_process[0]}[{g.top_process[1]}]', 16)} {g.top_process[2]:>4.0%}"
+        lines.append(f"{_cell(g.gpu, 3)} {busy:>5}  {_cell(g.signal, 17)} {memory:>15} {power:>7}  {top}")
+    return lines + [_alert(a, view.at) for a in view.alerts]
+
+
+def _alert(a: AlertRow, now: float) -> str:
+    parts = [f"ALERT GPU {escape(a.gpu)} {escape(a.cause)}"]
+    if a.pid:
+        parts.append(escape(f"{a.process}[{a.pid}]"))
+    if a.busy_percent is not None and a.working_percent is not None:
+        parts.append(f"busy {a.busy_percent:.0f}% vs working {a.working_percent:.0f}%")
+    if a.demand is not None:
+        parts.append(f"demand {a.demand:g}")
+    if a.since_unix is not None:
+        parts.append(f"for {max(0.0, now - a.since_unix):.0f}s")
+    return "[b red]" + "  ".join(parts) + "[/b red]"
+
+
+def _cell(s: str, width: int) -> str:
+    """A label cut and padded to `width`, then escaped (padding first keeps columns)."""
+    return escape(f"{s:<{width}.{width}}")
+
+
+def _pct(ratio: float | None, digits: int = 1) -> str:
+    return "-" if ratio is None else f"{ratio * 100:.{digits}f}%"
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f}µs"
+    return f"{seconds * 1e3:.1f}ms" if seconds < 1 else f"{seconds:.2f}s"
