@@ -286,7 +286,9 @@ class Agent:
         self._release(ready, now)
 
     def _enrich(self, r: Request) -> Request:
-        return enrich(r, self._redact)
+        """What only a traced request pays for: its headers, its GPU use."""
+        r = enrich(r, self._redact)
+        return r if self.gpu is None else self.gpu.attribute(r)
 
     def _release(self, requests: list[Request], now: int) -> None:
         for r in requests:

@@ -15,7 +15,10 @@ from .clock import WallClock
 from .export.alerts import AlertExporter
 from .gpu import (Alert, CollapseConfig, CollapseDetector, HostSampler, NvmlSampler,
                   NvmlUnavailable, ShareTracker)
+from .gpu.attribution import COMPUTE_STAGES, GpuTimeline
+from .gpu.cuda import COPIES
 from .gpu.metrics import CollapseMetrics, CudaMetrics, GpuMetrics
+from .request import GpuUse, Request
 
 log = logging.getLogger("sitsprobe")
 ATTACH_EVERY_S = 2.0  # /proc/PID/maps scans for CUDA libraries
@@ -33,6 +36,7 @@ class GpuWatch:
         self.sampler: NvmlSampler | None = None
         self.cuda = None
         self.hosts, self.shares = HostSampler(), ShareTracker()
+        self.timeline = GpuTimeline()
         self.status = "off"
         self.alerts: list[Alert] = []
         self._lock = threading.Lock()
@@ -58,6 +62,7 @@ class GpuWatch:
         registry.register(CollapseMetrics(self.detector))
 
     def _on_sample(self, sample) -> None:  # the NVML thread
+        self.timeline.add_sample(sample)
         for alert in self.detector.observe_sample(sample):
             self._raise(alert)
 
@@ -75,19 +80,42 @@ class GpuWatch:
                 log.info("CUDA probes: attached to %s", a.library.path)
             self._next_attach = time.monotonic() + ATTACH_EVERY_S
         on_gpu = self.sampler.process_gpus() if self.sampler is not None else {}
+        counts = self.cuda.counts() if self.cuda is not None else []
+        launches, copied = {}, {}
+        for c in counts:
+            if "Launch" in c.function:
+                launches[c.pid] = launches.get(c.pid, 0) + c.calls
+            elif c.function in COPIES:
+                copied[c.pid] = copied.get(c.pid, 0) + c.bytes
         for pid in pids:
             in_flight, queued = demand.get(pid, (0.0, 0.0))
+            self.timeline.add_process(pid, now, on_gpu.get(pid, ()), launches.get(pid, 0),
+                                      copied.get(pid, 0), in_flight + queued)
             for gpu in on_gpu.get(pid, ()):
                 self.detector.observe_demand(gpu, pid, now, in_flight, queued)
             h = self.hosts.sample(pid, now)
             if h is not None:
                 self.detector.observe_host(pid, h.ts_ns, h.on_cpu_max, h.runq_wait_max)
         if self.cuda is not None:
-            for c in self.shares.update(self.cuda.counts(), now):
+            for c in self.shares.update(counts, now):
                 self.detector.observe_cuda(c.pid, c.ts_ns, c.copy, c.sync)
+
+    def attribute(self, r: Request) -> Request:
+        """r with what the GPU did for it: per compute stage, the GPU and its
+        busy % and memory over the stage; per request, its share of launches
+        and copy bytes. Unchanged where nothing is known."""
+        if r.inference is None:
+            return r
+        stages = tuple(self.timeline.stage(r.pid, s.start_ns, s.end_ns) if s.name in COMPUTE_STAGES
+                       else {} for s in r.inference.stages)
+        request = self.timeline.request(r.pid, r.start_ns, r.end_ns)
+        if not request and not any(stages):
+            return r
+        return r._replace(gpu=GpuUse(request, stages))
 
     def forget(self, pid: int) -> None:
         self.detector.forget(pid)
+        self.timeline.forget(pid)
         if self.cuda is not None:
             self.cuda.forget(pid)
 

@@ -68,6 +68,16 @@ class Inference:
         return max(ends) if ends else None
 
 
+@dataclass(frozen=True, slots=True)
+class GpuUse:
+    """What the GPU did for one request (sitsprobe.gpu.attribution): attributes
+    for its server span, and for each of its engine stages, aligned with
+    Inference.stages (empty for a stage that is not GPU compute)."""
+
+    request: dict
+    stages: tuple[dict, ...]
+
+
 class Request(NamedTuple):
     """One request/response exchange on a server connection (a NamedTuple:
     immutable, and built for every request, so cheap to build).
@@ -97,6 +107,7 @@ class Request(NamedTuple):
     complete: bool = True  # False: the process exited or closed mid-request
     head: bytes = b""  # captured request bytes, for enrich(); never exported
     inference: Inference | None = None  # joined from the engine's markers
+    gpu: GpuUse | None = None  # added to traced requests where the GPU layer runs
 
     @property
     def ttft_ns(self) -> int | None:

@@ -106,10 +106,13 @@ class TraceExporter:
         tracer = self._process(req.pid, req.comm).tracer
         ctx = trace.set_span_in_context(parent)
         wall = self._clock.to_wall_ns
-        for st in req.inference.stages:
+        on_gpu = req.gpu.stages if req.gpu is not None else ()
+        for i, st in enumerate(req.inference.stages):
             attrs = {"sitsprobe.stage": st.name}
             if st.batch_id:
                 attrs.update({"sitsprobe.batch.id": st.batch_id, "sitsprobe.batch.size": st.batch_size})
+            if i < len(on_gpu):
+                attrs.update(on_gpu[i])
             child = tracer.start_span(st.name, context=ctx, kind=SpanKind.INTERNAL,
                                       attributes=attrs, start_time=wall(st.start_ns))
             child.end(wall(st.end_ns))
@@ -223,6 +226,8 @@ def span_attributes(req: Request) -> dict[str, str | int | float | bool]:
         })
     if req.inference is not None:
         attrs.update(_gen_ai_attributes(req))
+    if req.gpu is not None:
+        attrs.update(req.gpu.request)
     return {k: v for k, v in attrs.items() if v is not None}
 
 

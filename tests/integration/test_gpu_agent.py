@@ -7,6 +7,7 @@ engine's markers, the on-CPU and run-queue signals are real.
 - CPU-bound host work injected into the engine (SITSPROBE_ENGINE_CPU_BURN_MS),
   GPU starved: an alert naming cpu_bound and the engine, on every output;
 - the load stops (input starvation): the alert clears and none is raised;
+- every traced prefill and decode step names GPU 0 and its busy share then;
 - the engine squeezed onto one CPU with busy neighbours: scheduler_starvation.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from sitsprobe import config
 from sitsprobe.agent import Agent
 from sitsprobe.gpu.recorded import RecordedBackend, RecordedGpu
 
-from .conftest import ROOT, Engine, free_port, require_root, wait_until
+from .conftest import ROOT, Engine, TraceFile, free_port, require_root, wait_until
 
 BUSY, STARVED = (75.0, 20.0), (2.0, 1.0)  # (gpu %, memory %) as NVML reports them
 
@@ -39,8 +40,9 @@ class Watched:
         self.gpu = RecordedGpu(rates=BUSY, compute_pids=[engine.pid],
                                processes=[(engine.pid, 0, 70.0, 5.0)])
         self.port = free_port()
+        self.traces = TraceFile(tmp_path / "traces.jsonl")
         self.agent = Agent(config.load(overrides={
-            "select.pids": [engine.pid], "traces.file": str(tmp_path / "traces.jsonl"),
+            "select.pids": [engine.pid], "traces.file": str(self.traces.path),
             "metrics.port": self.port, "metrics.address": "127.0.0.1",
             "gpu.interval_ms": 100, "gpu.cuda_probes": False,
             "gpu.collapse_sustain_s": 1.5, "gpu.collapse_clear_s": 1.5}),
@@ -124,6 +126,11 @@ def test_cpu_bound_engine_raises_then_clears_when_the_load_stops(watch):
     time.sleep(3)
     assert len(w.raised()) == 1 and w.gauge("cpu_bound") == 0.0
     assert json.loads(w.page("/alerts.json")) == []
+    # each compute stage names its GPU and what the GPU did meanwhile: busy, then starved
+    stages = wait_until(lambda: [s for s in w.traces.spans() if s["name"] in ("prefill", "decode")],
+                        15, "stage spans in the traces file")
+    assert {s["attrs"].get("sitsprobe.gpu.index") for s in stages} == {0}
+    assert {BUSY[0], STARVED[0]} <= {s["attrs"].get("sitsprobe.gpu.busy_percent") for s in stages}
 
 
 def test_engine_starved_of_cpu_by_its_neighbours_is_scheduler_starvation(watch):

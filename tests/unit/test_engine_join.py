@@ -7,7 +7,7 @@ from sitsprobe.clock import WallClock
 from sitsprobe.events import MarkerEvent
 from sitsprobe.export.otlp import TraceExporter
 from sitsprobe.export.prom import RequestMetrics
-from sitsprobe.request import Request
+from sitsprobe.request import GpuUse, Request
 from sitsprobe.stitch.engine import EngineJoin
 
 PID, FD = 4242, 9
@@ -73,25 +73,46 @@ def test_uninstrumented_processes_pass_straight_through():
     assert j.on_request(r, now_ns=3) == [r]
 
 
+def exported(tmp_path, r: Request) -> tuple[dict, list[dict]]:
+    """(server span, its children) as the OTLP/JSON file has them, attributes flattened."""
+    out = tmp_path / "t.jsonl"
+    e = TraceExporter(clock=WallClock(), traces_file=str(out))
+    e.export(r)
+    e.shutdown()
+    spans = [s for line in out.read_text().splitlines()
+             for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    for s in spans:
+        s["attrs"] = {kv["key"]: list(kv["value"].values())[0] for kv in s["attributes"]}
+    server = next(s for s in spans if s["kind"] == 2)
+    return server, [s for s in spans if s.get("parentSpanId") == server["spanId"]]
+
+
 def test_stage_spans_and_gen_ai_attributes_are_exported(tmp_path):
     j = EngineJoin()
     two_requests_in_one_batch(j)
     [r1] = j.on_request(request(900, 5000), now_ns=5000)
-    out = tmp_path / "t.jsonl"
-    e = TraceExporter(clock=WallClock(), traces_file=str(out))
-    e.export(r1)
-    e.shutdown()
-    spans = [s for line in out.read_text().splitlines()
-             for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
-    server = next(s for s in spans if s["kind"] == 2)
-    children = [s for s in spans if s.get("parentSpanId") == server["spanId"]]
+    server, children = exported(tmp_path, r1)
     assert sorted(s["name"] for s in children) == ["cache_get prefix", "decode", "decode", "prefill"]
-    attrs = {kv["key"]: list(kv["value"].values())[0] for kv in server["attributes"]}
-    assert attrs["gen_ai.request.model"] == "tiny"
-    assert attrs["gen_ai.usage.output_tokens"] == "3"  # int64 as a JSON string
+    assert server["attrs"]["gen_ai.request.model"] == "tiny"
+    assert server["attrs"]["gen_ai.usage.output_tokens"] == "3"  # int64 as a JSON string
     decode = next(s for s in children if s["name"] == "decode")
-    dattrs = {kv["key"]: list(kv["value"].values())[0] for kv in decode["attributes"]}
-    assert dattrs["sitsprobe.batch.size"] == "2"
+    assert decode["attrs"]["sitsprobe.batch.size"] == "2"
+
+
+def test_gpu_use_goes_on_the_request_and_its_compute_stages(tmp_path):
+    j = EngineJoin()
+    two_requests_in_one_batch(j)
+    [r1] = j.on_request(request(900, 5000), now_ns=5000)
+    on_gpu = tuple({"sitsprobe.gpu.index": 0, "sitsprobe.gpu.busy_percent": 40.0 + i}
+                   for i, _ in enumerate(r1.inference.stages))
+    server, children = exported(tmp_path, r1._replace(gpu=GpuUse(
+        {"sitsprobe.cuda.launches": 12.5, "sitsprobe.cuda.copy_bytes": 4096}, on_gpu)))
+    assert server["attrs"]["sitsprobe.cuda.launches"] == 12.5
+    assert server["attrs"]["sitsprobe.cuda.copy_bytes"] == "4096"
+    by_start = sorted((s for s in children if s["name"] != "cache_get prefix"),
+                      key=lambda s: int(s["startTimeUnixNano"]))
+    assert [(s["name"], s["attrs"]["sitsprobe.gpu.busy_percent"]) for s in by_start] == [
+        ("prefill", 40.0), ("decode", 41.0), ("decode", 42.0)]
 
 
 def test_gen_ai_metrics():
