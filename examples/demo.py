@@ -88,6 +88,8 @@ def main() -> int:
         "metrics.port": a.metrics_port, "metrics.address": "127.0.0.1"})
     agent = Agent(conf)
     print(f"sitsprobe demo: loading probes, then watching the engine[{engine.pid}] on :{port}")
+    print(f"  the full live view, from another terminal: .venv/bin/sitsprobe top --url "
+          f"http://127.0.0.1:{a.metrics_port}")
     load = None
     try:
         agent.start()
