@@ -171,7 +171,9 @@ class Agent:
             interval_s=g.interval_ms / 1000, cuda_probes=g.cuda_probes,
             collapse=CollapseConfig(drop_ratio=g.collapse_drop_ratio,
                                     floor_percent=g.collapse_floor_percent,
-                                    sustain_s=g.collapse_sustain_s, clear_s=g.collapse_clear_s),
+                                    sustain_s=g.collapse_sustain_s, clear_s=g.collapse_clear_s,
+                                    min_working_percent=g.collapse_min_working_percent,
+                                    min_history_s=g.collapse_min_history_s),
             alerts=AlertExporter(self.clock, self.otlp_endpoint, t.otlp_protocol),
             backend=self._gpu_backend)
         self.gpu.start(registry, cuda_cflags())

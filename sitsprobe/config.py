@@ -95,6 +95,8 @@ class Gpu:
     collapse_floor_percent: float
     collapse_sustain_s: float
     collapse_clear_s: float
+    collapse_min_working_percent: float
+    collapse_min_history_s: float
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,8 @@ _RULES: dict[str, Rule] = {
     "gpu.collapse_floor_percent": _num(0, 100),
     "gpu.collapse_sustain_s": _num(0.1, 3600),
     "gpu.collapse_clear_s": _num(0.1, 3600),
+    "gpu.collapse_min_working_percent": _num(0, 100),
+    "gpu.collapse_min_history_s": _num(0, 3600),
     "duration_s": _opt(_num(0, above=True)),
     "kernel_headers": _opt(_PATH),
     "log_level": _choice("debug", "info", "warning", "error"),
