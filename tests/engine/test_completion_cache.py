@@ -1,6 +1,8 @@
 """The Redis completion cache, with a real redis-server and a real engine subprocess."""
 from __future__ import annotations
 
+import time
+
 import openai
 import pytest
 import redis
@@ -19,8 +21,12 @@ def test_a_repeat_is_served_from_redis(cached_engine, redis_url):
     client = openai.OpenAI(base_url=cached_engine.url + "/v1", api_key="unused", max_retries=0, timeout=30)
     ask = dict(model="sitsprobe-tiny-gpt", prompt="Cache me if you can.", max_tokens=12, temperature=0)
     first = client.completions.create(**ask)
-    assert cached_engine.get("/v1/engine/stats")["completion_cache"] | {"url": None} == \
-        {"url": None, "hits": 0, "misses": 1, "stores": 1, "errors": 0}
+    # the engine stores a completion after its response went out: wait for the store
+    deadline = time.monotonic() + 10
+    while (stats := cached_engine.get("/v1/engine/stats")["completion_cache"])["stores"] == 0 \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert stats | {"url": None} == {"url": None, "hits": 0, "misses": 1, "stores": 1, "errors": 0}
     assert len(redis.Redis.from_url(redis_url).keys("sitsprobe:completion:*")) == 1
 
     second = client.completions.create(**ask)
