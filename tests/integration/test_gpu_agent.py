@@ -54,11 +54,12 @@ class Watched:
         wait_until(lambda: engine.pid in self.agent.engine.instrumented, 20,
                    "the agent to attach to the engine's markers")
 
-    def load(self, requests: int, users: int = 3) -> subprocess.Popen:
+    def load(self, requests: int, users: int = 3, cpus: set[int] | None = None) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "examples/loadgen.py", "--url", self.engine.url, "--users", str(users),
              "--requests", str(requests), "--max-tokens", "8", "--json", os.devnull],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=None if not cpus else lambda: os.sched_setaffinity(0, cpus))
 
     def raised(self) -> list:
         return [a for a in self.agent.gpu.alerts if a.state == "raised"]
@@ -102,8 +103,12 @@ def watch(tmp_path):
 
 
 def test_cpu_bound_engine_raises_then_clears_when_the_load_stops(watch):
-    w = watch(env={"SITSPROBE_ENGINE_CPU_BURN_MS": "150"})
-    load = w.load(requests=400)
+    # The engine gets a CPU of its own, the load generator the others: on a
+    # shared CPU the burning thread would also wait in the run queue, and
+    # scheduler_starvation would be as right an answer.
+    cpus = os.sched_getaffinity(0)
+    w = watch(env={"SITSPROBE_ENGINE_CPU_BURN_MS": "150"}, cpus={max(cpus)})
+    load = w.load(requests=400, cpus=cpus - {max(cpus)})
     try:
         wait_until(lambda: w.agent.requests_seen >= 3, 30, "the first requests to be seen")
         time.sleep(3)  # normal load: the GPU keeps up
