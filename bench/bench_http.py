@@ -47,31 +47,11 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.nginx import static_site  # noqa: E402  (the load test serves the same site)
+
 BENCH = Path(__file__).resolve().parent
 SITSPROBE = Path(sys.executable).parent / "sitsprobe"
-
-NGINX_CONF = """\
-user root;
-worker_processes 1;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    sendfile on;
-    keepalive_requests 1000000;
-    client_body_temp_path {d}/tmp;
-    proxy_temp_path {d}/tmp;
-    fastcgi_temp_path {d}/tmp;
-    uwsgi_temp_path {d}/tmp;
-    scgi_temp_path {d}/tmp;
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{ root {d}/www; }}
-    }}
-}}
-"""
 
 LABELS = {
     "a": "(a) no agent",
@@ -310,12 +290,7 @@ def _answers(port: int) -> bool:
 
 
 def start_nginx(tmp: Path, port: int) -> tuple[subprocess.Popen, psutil.Process]:
-    d = tmp / "nginx"
-    (d / "www").mkdir(parents=True)
-    (d / "tmp").mkdir()
-    (d / "www" / "index.html").write_text("<h1>sitsprobe</h1>\n" * 20)
-    (d / "nginx.conf").write_text(NGINX_CONF.format(d=d, port=port))
-    p = subprocess.Popen(["nginx", "-c", str(d / "nginx.conf"), "-p", str(d)],
+    p = subprocess.Popen(static_site(tmp / "nginx", port),
                          stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     wait_until(lambda: _answers_static(port), 15, f"nginx on :{port}")
     worker = wait_until(lambda: psutil.Process(p.pid).children(), 10, "the nginx worker")[0]

@@ -10,32 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.nginx import static_site
+
 from .conftest import free_port, wait_until
 
 AGENT_TRACES = {"max_per_second": 200}  # traces are sampled under load; metrics are not
-
-NGINX_CONF = """\
-user root;
-worker_processes 1;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    sendfile on;
-    keepalive_requests 1000000;
-    client_body_temp_path {d}/tmp;
-    proxy_temp_path {d}/tmp;
-    fastcgi_temp_path {d}/tmp;
-    uwsgi_temp_path {d}/tmp;
-    scgi_temp_path {d}/tmp;
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{ root {d}/www; }}
-    }}
-}}
-"""
 
 
 @pytest.fixture
@@ -43,11 +22,7 @@ def nginx(agent, tmp_path: Path):
     if not shutil.which("nginx") or not shutil.which("ab"):
         pytest.skip("nginx and ab (apache2-utils) are needed: .ci/run installs them")
     port = free_port()
-    (tmp_path / "www").mkdir()
-    (tmp_path / "tmp").mkdir()
-    (tmp_path / "www" / "index.html").write_text("<h1>sitsprobe</h1>\n" * 20)
-    (tmp_path / "nginx.conf").write_text(NGINX_CONF.format(d=tmp_path, port=port))
-    proc = subprocess.Popen(["nginx", "-c", str(tmp_path / "nginx.conf"), "-p", str(tmp_path)])
+    proc = subprocess.Popen(static_site(tmp_path / "nginx", port))
     pids = wait_until(lambda: _children(proc.pid), 10, "the nginx worker")
     wait_until(lambda: all(agent.tracks(p) for p in pids), 10, "the agent to track nginx")
     yield port, pids[0]
