@@ -228,6 +228,18 @@ class Probe:
         self.probe.close()
 
 
+def counted(probe, r, a: Client, b: Client) -> tuple[list[KeyLookup], Tally]:
+    """Run the workload from a and b; check what the probe saw against the
+    tally and against Redis's INFO stats over the same interval."""
+    before = r.stats()
+    t = Tally()
+    workload(t, a, b)
+    after = r.stats()
+    events = probe.settle(r.pid, t.hits + t.misses)
+    check(events, t, before, after)
+    return events, t
+
+
 def check(events: list[KeyLookup], tally: Tally, before: tuple[int, int], after: tuple[int, int]):
     """Probe == tally (by prefix, by client) == INFO stats delta, exactly."""
     by_prefix = Counter((e.key.split(b":")[0].decode(), e.hit) for e in events)
@@ -263,12 +275,7 @@ def test_redis_started_before_the_probe(probe, early):
     assert r.pid in probe.probe._known
     fresh = Client(r.port, CLIENT_B)
     populate(fresh)
-    before = r.stats()
-    t = Tally()
-    workload(t, pre, fresh)
-    after = r.stats()
-    events = probe.settle(r.pid, t.hits + t.misses)
-    check(events, t, before, after)
+    events, t = counted(probe, r, pre, fresh)
     assert t.by_prefix[("user", True)] == 49 + 3 and t.by_prefix[("absent", True)] == 0
     assert all(e.duration_ns > 0 and e.fd >= 0 for e in events)
     fresh.close()
@@ -356,11 +363,7 @@ def test_redis_started_after_the_probe_and_restarted(probe):
         a = Client(r.port, CLIENT_A)  # accepted while the probe watches: peer from accept
         b = Client(r.port, CLIENT_B)
         populate(a)
-        before = r.stats()
-        t = Tally()
-        workload(t, a, b)
-        after = r.stats()
-        check(probe.settle(r.pid, t.hits + t.misses), t, before, after)
+        counted(probe, r, a, b)
         a.close()
         b.close()
         old_pid = r.pid
@@ -369,11 +372,7 @@ def test_redis_started_after_the_probe_and_restarted(probe):
         assert r.pid != old_pid
         a, b = Client(r.port, CLIENT_B), Client(r.port, CLIENT_A)
         populate(b)
-        before = r.stats()
-        t = Tally()
-        workload(t, a, b)
-        after = r.stats()
-        check(probe.settle(r.pid, t.hits + t.misses), t, before, after)
+        counted(probe, r, a, b)
         a.close()
         b.close()
     finally:
