@@ -16,7 +16,7 @@ from .export.alerts import AlertExporter
 from .gpu import (Alert, CollapseConfig, CollapseDetector, HostSampler, NvmlSampler,
                   NvmlUnavailable, ShareTracker)
 from .gpu.attribution import COMPUTE_STAGES, GpuTimeline
-from .gpu.cuda import COPIES
+from .gpu.cuda import totals
 from .gpu.metrics import CollapseMetrics, CudaMetrics, GpuMetrics
 from .request import GpuUse, Request
 
@@ -80,24 +80,19 @@ class GpuWatch:
                 log.info("CUDA probes: attached to %s", a.library.path)
             self._next_attach = time.monotonic() + ATTACH_EVERY_S
         on_gpu = self.sampler.process_gpus() if self.sampler is not None else {}
-        counts = self.cuda.counts() if self.cuda is not None else []
-        launches, copied = {}, {}
-        for c in counts:
-            if "Launch" in c.function:
-                launches[c.pid] = launches.get(c.pid, 0) + c.calls
-            elif c.function in COPIES:
-                copied[c.pid] = copied.get(c.pid, 0) + c.bytes
+        cuda = totals(self.cuda.counts()) if self.cuda is not None else {}
         for pid in pids:
             in_flight, queued = demand.get(pid, (0.0, 0.0))
-            self.timeline.add_process(pid, now, on_gpu.get(pid, ()), launches.get(pid, 0),
-                                      copied.get(pid, 0), in_flight + queued)
+            t = cuda.get(pid)
+            self.timeline.add_process(pid, now, on_gpu.get(pid, ()), t.launches if t else 0,
+                                      t.copy_bytes if t else 0, in_flight + queued)
             for gpu in on_gpu.get(pid, ()):
                 self.detector.observe_demand(gpu, pid, now, in_flight, queued)
             h = self.hosts.sample(pid, now)
             if h is not None:
                 self.detector.observe_host(pid, h.ts_ns, h.on_cpu_max, h.runq_wait_max)
         if self.cuda is not None:
-            for c in self.shares.update(counts, now):
+            for c in self.shares.update(cuda, now):
                 self.detector.observe_cuda(c.pid, c.ts_ns, c.copy, c.sync)
 
     def attribute(self, r: Request) -> Request:

@@ -83,9 +83,15 @@ class GpuTimeline:
     def request(self, pid: int, start_ns: int, end_ns: int) -> dict:
         """The request's share of pid's launches and copy bytes; {} without CUDA counts."""
         with self._lock:
-            series = list(self._procs.get(pid, ()))
-        if len(series) < 2 or series[-1][1:3] == (0, 0):
-            return {}  # no CUDA calls seen from it
+            points = self._procs.get(pid, ())
+            if len(points) < 2 or points[-1][1:3] == (0, 0):
+                return {}  # no CUDA calls seen from it
+            series = []  # back from the newest to the last point at or before the start
+            for row in reversed(points):
+                series.append(row)
+                if row[0] <= start_ns:
+                    break
+        series.reverse()
         launches = _at(series, end_ns, 1) - _at(series, start_ns, 1)
         copied = _at(series, end_ns, 2) - _at(series, start_ns, 2)
         held = [r[3] for r in series if start_ns <= r[0] <= end_ns] or [_at(series, end_ns, 3)]
@@ -99,17 +105,20 @@ def _ts(row) -> int:
     return row.ts_ns if isinstance(row, GpuSample) else row[0]
 
 
-def _over(samples, start: int, end: int) -> tuple[float, int | None, str] | None:
+def _over(samples: deque[GpuSample], start: int, end: int) -> tuple[float, int | None, str] | None:
     """(busy %, memory used, signal) over [start, end], overlap-weighted; else
-    the latest sample before it. Samples come in time order."""
+    the latest sample before it. Walks back from the newest sample: the stages
+    asked about are recent, so this reads a few samples, not the history."""
     weight = busy = 0.0
     covering = before = None
-    for s in samples:
+    for s in reversed(samples):
+        if s.ts_ns <= start:  # its window ends before the stage, and so do the older ones'
+            before = s
+            break
         overlap = min(s.ts_ns, end) - max(s.ts_ns - s.window_ns, start)
         if overlap > 0:
-            weight, busy, covering = weight + overlap, busy + overlap * s.busy_percent, s
-        elif s.ts_ns <= end:
-            before = s
+            weight, busy = weight + overlap, busy + overlap * s.busy_percent
+            covering = covering or s
     s = covering or before
     if s is None:
         return None

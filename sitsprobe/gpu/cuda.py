@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # bpf/sitsprobe.h enum cuda_fn, in order
 FUNCTIONS = (
@@ -45,37 +46,47 @@ class CudaShares:
     launches: int  # kernel and graph launches in the interval
 
 
-def totals(counts: Iterable[CudaCount]) -> dict[int, tuple[int, int, int]]:
-    """pid -> (copy ns, sync ns, launches), summed over functions and directions."""
-    out: dict[int, tuple[int, int, int]] = {}
+class Totals(NamedTuple):
+    """A process's running totals, summed over functions and directions."""
+
+    copy_ns: int  # inside synchronous cudaMemcpy
+    sync_ns: int  # inside stream/device synchronize
+    launches: int  # kernel and graph launches
+    copy_bytes: int  # asked of cudaMemcpy / cudaMemcpyAsync
+
+
+def totals(counts: Iterable[CudaCount]) -> dict[int, Totals]:
+    """pid -> its Totals."""
+    out: dict[int, list[int]] = {}
     for c in counts:
-        copy, sync, launches = out.get(c.pid, (0, 0, 0))
-        if c.function == "cudaMemcpy":
-            copy += c.ns
+        t = out.setdefault(c.pid, [0, 0, 0, 0])
+        if c.function in COPIES:
+            t[3] += c.bytes
+            if c.function == "cudaMemcpy":
+                t[0] += c.ns
         elif c.function in SYNCS:
-            sync += c.ns
+            t[1] += c.ns
         elif "Launch" in c.function:
-            launches += c.calls
-        out[c.pid] = (copy, sync, launches)
-    return out
+            t[2] += c.calls
+    return {pid: Totals(*t) for pid, t in out.items()}
 
 
 class ShareTracker:
     """Turns successive snapshots of the running totals into per-interval shares."""
 
     def __init__(self) -> None:
-        self._last: dict[int, tuple[int, tuple[int, int, int]]] = {}
+        self._last: dict[int, tuple[int, Totals]] = {}
 
-    def update(self, counts: Iterable[CudaCount], now_ns: int) -> list[CudaShares]:
+    def update(self, current: dict[int, Totals], now_ns: int) -> list[CudaShares]:
+        """current: totals(counts) read now."""
         out = []
-        current = totals(counts)
         for pid, cur in current.items():
             prev = self._last.get(pid)
             self._last[pid] = (now_ns, cur)
             if prev is None or now_ns <= prev[0]:
                 continue
             dt = now_ns - prev[0]
-            (c0, s0, l0), (c1, s1, l1) = prev[1], cur
+            (c0, s0, l0, _), (c1, s1, l1, _) = prev[1], cur
             out.append(CudaShares(pid, now_ns, dt, max(0, c1 - c0) / dt, max(0, s1 - s0) / dt,
                                   max(0, l1 - l0)))
         for pid in [p for p in self._last if p not in current]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sitsprobe.gpu.cuda import CudaCount, ShareTracker
+from sitsprobe.gpu.cuda import CudaCount, ShareTracker, Totals, totals
 from sitsprobe.gpu.metrics import CudaMetrics
 from sitsprobe.probes.cuda import DRIVER, RUNTIME, cuda_libraries, probe_points
 
@@ -60,12 +60,18 @@ def _counts(copy_ns: int, sync_ns: int, launches: int, pid: int = 7) -> list[Cud
             CudaCount(pid, "cudaLaunchKernel", "", launches, 0, 0, 0)]
 
 
+def test_totals_per_process():
+    assert totals(_counts(250, 600, 40) + _counts(1, 2, 3, pid=8)) == {
+        7: Totals(copy_ns=250, sync_ns=600, launches=40, copy_bytes=300),
+        8: Totals(copy_ns=1, sync_ns=2, launches=3, copy_bytes=300)}
+
+
 def test_share_tracker_turns_totals_into_shares():
     t = ShareTracker()
-    assert t.update(_counts(0, 0, 0), 1_000_000_000) == []
-    s, = t.update(_counts(250_000_000, 600_000_000, 40), 2_000_000_000)
+    assert t.update(totals(_counts(0, 0, 0)), 1_000_000_000) == []
+    s, = t.update(totals(_counts(250_000_000, 600_000_000, 40)), 2_000_000_000)
     assert (s.pid, s.copy, s.sync, s.launches) == (7, 0.25, 0.6, 40)
-    assert t.update([], 3_000_000_000) == []  # the process went away: forgotten
+    assert t.update({}, 3_000_000_000) == []  # the process went away: forgotten
 
 
 def test_cuda_metrics_collector():
