@@ -4,12 +4,15 @@ from __future__ import annotations
 import ctypes as ct
 import socket
 from collections.abc import Callable, Iterator
+from functools import lru_cache
 from importlib import resources
+from operator import itemgetter
 from pathlib import Path
 
 from ..events import CF_SEEDED, CF_TUPLE, END_FLUSH, Exchange, ProcessNotice
 from ..request import Endpoint
 from .hooks import FENTRY, KPROBE, TRACEPOINT, Hook
+from .layout import Layout
 from .ring import DrainBudget
 
 # bpf/sitsprobe.h
@@ -38,14 +41,20 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
     ]
 
 
-def _endpoint(family: int, addr, port: int) -> Endpoint | None:
+@lru_cache(maxsize=1 << 16)  # a connection's events repeat its addresses
+def _endpoint(family: int, addr: bytes, port: int) -> Endpoint | None:
     fam = _FAMILIES.get(family)
     if fam is None:
         return None
-    raw = bytes(addr)[: fam[1]]
+    raw = addr[: fam[1]]
     if fam[0] == socket.AF_INET6 and raw[:12] == b"\0" * 10 + b"\xff\xff":
         return Endpoint(socket.inet_ntop(socket.AF_INET, raw[12:]), port)
     return Endpoint(socket.inet_ntop(fam[0], raw), port)
+
+
+@lru_cache(maxsize=4096)
+def _comm(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
 def _fill(addr, ep: Endpoint) -> int:
@@ -55,24 +64,36 @@ def _fill(addr, ep: Endpoint) -> int:
     return family
 
 
-def decode(c, reason: int | None = None) -> Exchange:
-    """A `struct conn` (bcc's ctypes view of the C struct) as an Exchange."""
-    t = c.t
-    has_tuple = c.flags & CF_TUPLE or t.family
-    local = _endpoint(t.family, t.laddr, t.lport) if c.flags & CF_TUPLE else None
-    peer = _endpoint(t.family, t.raddr, t.rport) if has_tuple else None
-    n = c.n_responses
-    return Exchange(
-        tgid=c.tgid, fd=c.fd, comm=c.comm.decode(errors="replace"),
-        reason=c.reason if reason is None else reason,
-        start_ns=c.start_ns, last_in_ns=c.last_in_ns,
-        first_out_ns=c.first_out_ns, last_out_ns=c.last_out_ns,
-        bytes_in=c.bytes_in, bytes_out=c.bytes_out, flags=c.flags,
-        local=local, peer=peer,
-        statuses=tuple(c.statuses[: min(n, len(c.statuses))]), n_responses=n,
-        req=ct.string_at(ct.addressof(c.req), min(c.req_len, len(c.req))),
-        resp=ct.string_at(ct.addressof(c.resp), min(c.resp_len, len(c.resp))),
-    )
+class ExchangeDecoder:
+    """A `struct conn` (the ring's copy, or a map entry) as an Exchange, read
+    in one unpack through the layout bcc derived from the C struct."""
+
+    _FIELDS = ("tgid", "fd", "comm", "reason", "start_ns", "last_in_ns", "first_out_ns",
+               "last_out_ns", "bytes_in", "bytes_out", "flags", "t.family", "t.laddr",
+               "t.lport", "t.raddr", "t.rport", "n_responses", "statuses", "req_len",
+               "resp_len", "req", "resp")
+
+    def __init__(self, conn_type):
+        layout = Layout(conn_type)
+        self.size = layout.struct.size
+        self._unpack = layout.unpack_from
+        self._pick = itemgetter(*(layout.at[f] for f in self._FIELDS))
+
+    def __call__(self, buf, reason: int | None = None) -> Exchange:
+        (tgid, fd, comm, reported, start_ns, last_in_ns, first_out_ns, last_out_ns, bytes_in,
+         bytes_out, flags, family, laddr, lport, raddr, rport, n, statuses, req_len, resp_len,
+         req, resp) = self._pick(self._unpack(buf))
+        return Exchange(
+            tgid=tgid, fd=fd, comm=_comm(comm),
+            reason=reported if reason is None else reason,
+            start_ns=start_ns, last_in_ns=last_in_ns,
+            first_out_ns=first_out_ns, last_out_ns=last_out_ns,
+            bytes_in=bytes_in, bytes_out=bytes_out, flags=flags,
+            local=_endpoint(family, laddr, lport) if flags & CF_TUPLE else None,
+            peer=_endpoint(family, raddr, rport) if flags & CF_TUPLE or family else None,
+            statuses=statuses[:n], n_responses=n,
+            req=req[:req_len], resp=resp[:resp_len],
+        )
 
 
 class NetProbe:
@@ -86,12 +107,13 @@ class NetProbe:
         self._conns = self._bpf["conns"]
         self._tracked = self._bpf["tracked"]
         self._conn_type = self._conns.Leaf
+        self._decode = decode = ExchangeDecoder(self._conn_type)
         self._notice_map = self._bpf["notices"]
 
         self._budget = DrainBudget()
 
         def exchange_cb(_ctx, data, _size):
-            on_exchange(decode(self._conn_type.from_address(data)))
+            on_exchange(decode(ct.string_at(data, decode.size)))
             return self._budget.take()
 
         def notice_cb(_ctx, data, _size):
@@ -149,7 +171,7 @@ class NetProbe:
             state = c.state
             if state == ST_RESPONDING and not self._settled(key, c.seq):
                 state = ST_READING
-            yield decode(c, END_FLUSH), state
+            yield self._decode(c, END_FLUSH), state
 
     def _settled(self, key, seq: int) -> bool:
         if seq % 2:
@@ -163,7 +185,7 @@ class NetProbe:
         for key, c in list(self._conns.items()):
             if c.tgid == tgid:
                 if c.state != ST_IDLE:
-                    pending.append(decode(c, END_FLUSH))
+                    pending.append(self._decode(c, END_FLUSH))
                 self._conns.pop(key, None)
         return pending
 
