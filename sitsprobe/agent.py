@@ -237,7 +237,7 @@ class Agent:
             log.info("%s[%d] exited", comm, pid)
 
     def _rescan(self) -> None:
-        found = procs.select(self.selector)
+        found = procs.select(self.selector, known=self.tracked)
         for pid, info in found.items():
             if pid not in self.tracked:
                 self._track(info)

@@ -10,7 +10,7 @@ import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Container, Iterator
 
 from sitsprobe.request import Endpoint
 
@@ -136,8 +136,20 @@ def _endpoint(hex_endpoint: str) -> Endpoint:
     return Endpoint(str(addr), int(port_hex, 16))
 
 
-def tcp_table(pid: int, proc: str = "/proc") -> list[TcpRow]:
-    """TCP sockets (v4 and v6) of the network namespace the pid lives in."""
+def tcp_table(pid: int, proc: str = "/proc", tables: dict | None = None) -> list[TcpRow]:
+    """TCP sockets (v4 and v6) of the network namespace the pid lives in.
+
+    Reading them walks the kernel's whole socket hash, milliseconds on a
+    large host: give a ``tables`` dict to read each namespace once."""
+    if tables is not None:
+        try:
+            netns = os.readlink(f"{proc}/{pid}/ns/net")
+        except (*_GONE, OSError):  # a fixture tree has none: read as usual
+            netns = None
+        if netns is not None:
+            if netns not in tables:
+                tables[netns] = tcp_table(pid, proc)
+            return tables[netns]
     rows = []
     for name in ("tcp", "tcp6"):  # tcp6 is absent when IPv6 is disabled
         raw = _read(f"{proc}/{pid}/net/{name}")
@@ -147,18 +159,18 @@ def tcp_table(pid: int, proc: str = "/proc") -> list[TcpRow]:
     return rows
 
 
-def _owned(pid: int, proc: str, state: int) -> list[tuple[int, TcpRow]]:
+def _owned(pid: int, proc: str, state: int, tables: dict | None = None) -> list[tuple[int, TcpRow]]:
     """(fd, row) for the pid's own sockets in ``state``, by fd."""
     inodes = socket_inodes(pid, proc)
     if not inodes:
         return []  # skip reading the (large) net tables
-    rows = tcp_table(pid, proc)
+    rows = tcp_table(pid, proc, tables)
     owned = [(inodes[r.inode], r) for r in rows if r.state == state and r.inode in inodes]
     return sorted(owned, key=lambda pair: pair[0])
 
 
-def listening_ports(pid: int, proc: str = "/proc") -> frozenset[int]:
-    return frozenset(row.local.port for _, row in _owned(pid, proc, TCP_LISTEN))
+def listening_ports(pid: int, proc: str = "/proc", tables: dict | None = None) -> frozenset[int]:
+    return frozenset(row.local.port for _, row in _owned(pid, proc, TCP_LISTEN, tables))
 
 
 def established(pid: int, proc: str = "/proc") -> list[tuple[int, Endpoint, Endpoint]]:
@@ -167,19 +179,27 @@ def established(pid: int, proc: str = "/proc") -> list[tuple[int, Endpoint, Endp
 
 
 def select(
-    selector: Selector, proc: str = "/proc", need_ports: bool | None = None
+    selector: Selector, proc: str = "/proc", need_ports: bool | None = None,
+    known: Container[int] = (),
 ) -> dict[int, ProcInfo]:
     """Every process the selector matches, by pid; the agent itself only if listed by pid.
 
     Cheap first: comm for every pid, cmdline only with a cmdline regex, and
-    fds plus net tables only with ports (or ``need_ports``) and no other match.
+    fds plus net tables only with ports (or ``need_ports``) and no other match,
+    each network namespace's table read once. Pids in ``known`` (already
+    traced) match as long as they live: their sockets are not looked at again.
     """
     if need_ports is None:
         need_ports = bool(selector.ports)
     me = os.getpid()
     found = {}
+    tables: dict = {}
     for pid in _pids(proc):
         if pid == me and pid not in selector.pids:
+            continue
+        if pid in known:
+            if (info := read_info(pid, proc)) is not None:
+                found[pid] = info
             continue
         comm = _comm(pid, proc)
         cmdline = "" if comm is None or not selector.cmdline else _cmdline(pid, proc)
@@ -187,7 +207,7 @@ def select(
             continue
         info = ProcInfo(pid, comm, cmdline)
         if not selector.matches(info) and not (
-            need_ports and selector.matches(info, listening_ports(pid, proc))
+            need_ports and selector.matches(info, listening_ports(pid, proc, tables))
         ):
             continue
         if not selector.cmdline:  # only matches pay for reading cmdline

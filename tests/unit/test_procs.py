@@ -115,6 +115,32 @@ def test_select_by_port_only_matches_the_listener(proc):
     assert procs.select(Selector(ports=(2024,)), proc) == {}  # nobody here owns inode 1594
 
 
+def test_select_takes_known_pids_without_reading_their_sockets(proc, monkeypatch):
+    """A traced server stays selected while it lives: the agent's rescan
+    must not pay for its fds and net tables every second."""
+    real = procs.socket_inodes
+
+    def socket_inodes(pid, p):
+        assert pid != 200, "a known pid's sockets were read"
+        return real(pid, p)
+
+    monkeypatch.setattr(procs, "socket_inodes", socket_inodes)
+    found = procs.select(Selector(ports=(48697,)), proc, known={200, 400})
+    assert found == {200: ProcInfo(200, "python3", "python3 -m gunicorn app:wsgi")}  # 400 is gone
+
+
+def test_select_reads_each_network_namespace_once(proc, monkeypatch):
+    for pid in (200, 300):  # one namespace, two processes with sockets
+        os.makedirs(f"{proc}/{pid}/ns")
+        os.symlink("net:[4026531840]", f"{proc}/{pid}/ns/net")
+    reads = []
+    real_read = procs._read
+    monkeypatch.setattr(procs, "_read", lambda path: reads.append(path) or real_read(path))
+    assert list(procs.select(Selector(ports=(48697,)), proc)) == [200]
+    tables = [p.rsplit("/", 1)[1] for p in reads if "/net/" in p]
+    assert sorted(tables) == ["tcp", "tcp6"]  # for 200 and 300 together
+
+
 def test_select_excludes_the_agent_unless_listed_by_pid(tmp_path):
     make_proc(tmp_path, os.getpid(), "sitsprobe", b"sitsprobe\0")
     assert procs.select(Selector(comms=("sitsprobe",)), str(tmp_path)) == {}
