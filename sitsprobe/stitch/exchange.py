@@ -17,6 +17,14 @@ from .http import RequestHead, parse_request_heads, parse_response_head, path_of
 
 STREAM_IDLE_NS = 30_000_000_000  # an open stream (SSE, chunked) may pause this long
 
+# Nearly every exchange is one plain request, and its Request is built by
+# position: 1.0 µs here against 2.6 µs by keyword. Built in this order:
+_FAST_FIELDS = ("pid", "comm", "fd", "start_ns", "end_ns", "first_out_ns", "bytes_in",
+                "bytes_out", "local", "peer", "protocol", "method", "target", "path", "route",
+                "status", "user_agent", "traceparent", "complete", "head")
+if Request._fields[: len(_FAST_FIELDS)] != _FAST_FIELDS:
+    raise ImportError("sitsprobe.request.Request fields moved: update Stitcher.requests")
+
 
 class Stitcher:
     def __init__(self, routes: RouteMapper, idle_flush_ns: int, max_remembered: int = 65536):
@@ -63,17 +71,18 @@ class Stitcher:
         answered = ex.first_out_ns != 0
         end = ex.last_out_ns if answered else ex.last_in_ns
         complete = answered or ex.reason not in (END_EXIT, END_CLOSE)
-        base = dict(pid=ex.tgid, comm=ex.comm, fd=ex.fd, start_ns=ex.start_ns, end_ns=end,
-                    first_out_ns=ex.first_out_ns or None, local=ex.local, peer=ex.peer,
-                    complete=complete)
         if ex.n_responses <= 1 and (line := request_line(ex.req)) is not None:
             # the common case, kept cheap: headers are parsed only for traced requests
             method, target = line
             path = path_of(target)
-            status = ex.statuses[0] if ex.statuses else None
-            return [Request(bytes_in=ex.bytes_in, bytes_out=ex.bytes_out, status=status,
-                            method=method, target=target, path=path,
-                            route=self._routes.route(path), head=ex.req, **base)]
+            return [Request(  # by position, in _FAST_FIELDS order
+                ex.tgid, ex.comm, ex.fd, ex.start_ns, end, ex.first_out_ns or None,
+                ex.bytes_in, ex.bytes_out, ex.local, ex.peer, "http/1.1", method, target,
+                path, self._routes.route(path), ex.statuses[0] if ex.statuses else None,
+                None, None, complete, ex.req)]
+        base = dict(pid=ex.tgid, comm=ex.comm, fd=ex.fd, start_ns=ex.start_ns, end_ns=end,
+                    first_out_ns=ex.first_out_ns or None, local=ex.local, peer=ex.peer,
+                    complete=complete)
         heads = parse_request_heads(ex.req)
         resp = parse_response_head(ex.resp)
         if not heads and resp is None:  # not HTTP: one connection-level exchange
