@@ -39,6 +39,7 @@ class Agent:
         self.config = config
         self._gpu_backend = gpu_backend
         self.selector = selector_of(config)
+        self._listen_memo = procs.ListenMemo()
         if self.selector.empty():
             raise SitsprobeError(
                 "nothing to trace: give --pid, --comm, --cmdline or --port, "
@@ -237,7 +238,7 @@ class Agent:
             log.info("%s[%d] exited", comm, pid)
 
     def _rescan(self) -> None:
-        found = procs.select(self.selector, known=self.tracked)
+        found = procs.select(self.selector, known=self.tracked, memo=self._listen_memo)
         for pid, info in found.items():
             if pid not in self.tracked:
                 self._track(info)

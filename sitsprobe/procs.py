@@ -9,8 +9,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import time
 from dataclasses import dataclass, field
-from typing import Container, Iterator
+from typing import Callable, Container, Iterator
 
 from sitsprobe.request import Endpoint
 
@@ -159,9 +160,11 @@ def tcp_table(pid: int, proc: str = "/proc", tables: dict | None = None) -> list
     return rows
 
 
-def _owned(pid: int, proc: str, state: int, tables: dict | None = None) -> list[tuple[int, TcpRow]]:
+def _owned(pid: int, proc: str, state: int, tables: dict | None = None,
+           inodes: dict[int, int] | None = None) -> list[tuple[int, TcpRow]]:
     """(fd, row) for the pid's own sockets in ``state``, by fd."""
-    inodes = socket_inodes(pid, proc)
+    if inodes is None:
+        inodes = socket_inodes(pid, proc)
     if not inodes:
         return []  # skip reading the (large) net tables
     rows = tcp_table(pid, proc, tables)
@@ -173,6 +176,39 @@ def listening_ports(pid: int, proc: str = "/proc", tables: dict | None = None) -
     return frozenset(row.local.port for _, row in _owned(pid, proc, TCP_LISTEN, tables))
 
 
+class ListenMemo:
+    """Listening ports of untraced processes, remembered across rescans.
+
+    Reading them walks the kernel's whole socket hash once per network
+    namespace (milliseconds each on a big host; a node has a namespace per
+    pod), every rescan. A process's ports are read again only when its set of
+    sockets changes, or when they are ``max_age_s`` old: a socket made before
+    one rescan may begin listening after it."""
+
+    def __init__(self, max_age_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._memo: dict[int, tuple[frozenset[int], float, frozenset[int]]] = {}
+
+    def ports(self, pid: int, proc: str, tables: dict) -> frozenset[int]:
+        inodes = socket_inodes(pid, proc)
+        if not inodes:
+            self._memo.pop(pid, None)
+            return frozenset()
+        now, sockets = self._clock(), frozenset(inodes)
+        memo = self._memo.get(pid)
+        if memo is not None and memo[0] == sockets and now - memo[1] < self.max_age_s:
+            return memo[2]
+        ports = frozenset(row.local.port for _, row in _owned(pid, proc, TCP_LISTEN, tables, inodes))
+        self._memo[pid] = (sockets, now, ports)
+        return ports
+
+    def keep(self, pids: Container[int]) -> None:
+        """Forget processes not in ``pids`` (they exited)."""
+        for pid in [p for p in self._memo if p not in pids]:
+            del self._memo[pid]
+
+
 def established(pid: int, proc: str = "/proc") -> list[tuple[int, Endpoint, Endpoint]]:
     """(fd, local, peer) for each established TCP connection the pid holds."""
     return [(fd, row.local, row.remote) for fd, row in _owned(pid, proc, TCP_ESTABLISHED)]
@@ -180,21 +216,25 @@ def established(pid: int, proc: str = "/proc") -> list[tuple[int, Endpoint, Endp
 
 def select(
     selector: Selector, proc: str = "/proc", need_ports: bool | None = None,
-    known: Container[int] = (),
+    known: Container[int] = (), memo: ListenMemo | None = None,
 ) -> dict[int, ProcInfo]:
     """Every process the selector matches, by pid; the agent itself only if listed by pid.
 
     Cheap first: comm for every pid, cmdline only with a cmdline regex, and
     fds plus net tables only with ports (or ``need_ports``) and no other match,
-    each network namespace's table read once. Pids in ``known`` (already
-    traced) match as long as they live: their sockets are not looked at again.
+    each network namespace's table read once (and, with a ``memo``, only for
+    processes whose sockets changed). Pids in ``known`` (already traced)
+    match as long as they live: their sockets are not looked at again.
     """
     if need_ports is None:
         need_ports = bool(selector.ports)
     me = os.getpid()
     found = {}
     tables: dict = {}
-    for pid in _pids(proc):
+    pids = list(_pids(proc))
+    if memo is not None:
+        memo.keep(set(pids))
+    for pid in pids:
         if pid == me and pid not in selector.pids:
             continue
         if pid in known:
@@ -207,7 +247,8 @@ def select(
             continue
         info = ProcInfo(pid, comm, cmdline)
         if not selector.matches(info) and not (
-            need_ports and selector.matches(info, listening_ports(pid, proc, tables))
+            need_ports and selector.matches(info, memo.ports(pid, proc, tables) if memo
+                                            else listening_ports(pid, proc, tables))
         ):
             continue
         if not selector.cmdline:  # only matches pay for reading cmdline

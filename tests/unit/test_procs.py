@@ -1,4 +1,5 @@
 import os
+import shutil
 import socket
 
 import pytest
@@ -139,6 +140,25 @@ def test_select_reads_each_network_namespace_once(proc, monkeypatch):
     assert list(procs.select(Selector(ports=(48697,)), proc)) == [200]
     tables = [p.rsplit("/", 1)[1] for p in reads if "/net/" in p]
     assert sorted(tables) == ["tcp", "tcp6"]  # for 200 and 300 together
+
+
+def test_listen_memo_reads_tables_again_only_when_sockets_change_or_age(proc, monkeypatch):
+    now = [100.0]
+    memo = procs.ListenMemo(max_age_s=10, clock=lambda: now[0])
+    reads = []
+    real = procs.tcp_table
+    monkeypatch.setattr(procs, "tcp_table", lambda *a: reads.append(a[0]) or real(*a))
+    select = lambda: procs.select(Selector(ports=(48697,)), proc, memo=memo)  # noqa: E731
+    assert list(select()) == [200]
+    assert sorted(reads) == [200, 300]  # each process holding sockets, once
+    assert list(select()) == [200] and len(reads) == 2  # nothing changed: nothing read
+    os.symlink("socket:[6022]", f"{proc}/300/fd/4")  # 300 opened another socket
+    assert list(select()) == [200] and reads[2:] == [300]
+    now[0] += 10  # a socket may have begun listening since: read all again
+    assert list(select()) == [200] and sorted(reads[3:]) == [200, 300]
+    shutil.rmtree(f"{proc}/300")  # exited: forgotten
+    select()
+    assert list(memo._memo) == [200]
 
 
 def test_select_excludes_the_agent_unless_listed_by_pid(tmp_path):
