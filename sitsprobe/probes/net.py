@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import socket
+import struct
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 from importlib import resources
@@ -13,6 +14,7 @@ from ..events import CF_SEEDED, CF_TUPLE, END_FLUSH, Exchange, ProcessNotice
 from ..request import Endpoint
 from .hooks import FENTRY, KPROBE, TRACEPOINT, Hook
 from .layout import Layout
+from .maps import MapCopy
 from .ring import DrainBudget
 
 # bpf/sitsprobe.h
@@ -20,6 +22,7 @@ ST_IDLE, ST_READING, ST_RESPONDING = 0, 1, 2
 BPF_NOEXIST = 1  # map update flag: create only
 COUNTERS = ("exchanges", "lost", "conn_overflow", "notices_lost", "inflight_lost")
 _HOOK_CODE = {FENTRY: 1, KPROBE: 2, TRACEPOINT: 3}
+_KEY = struct.Struct("=Q")  # conns key: tgid << 32 | fd
 _FAMILIES = {socket.AF_INET: (socket.AF_INET, 4), socket.AF_INET6: (socket.AF_INET6, 16)}
 
 
@@ -76,13 +79,19 @@ class ExchangeDecoder:
     def __init__(self, conn_type):
         layout = Layout(conn_type)
         self.size = layout.struct.size
+        self.iter_unpack = layout.struct.iter_unpack  # a buffer of many -> their tuples
+        self.tgid_at, self.state_at, self.seq_at = (layout.at[f] for f in ("tgid", "state", "seq"))
         self._unpack = layout.unpack_from
         self._pick = itemgetter(*(layout.at[f] for f in self._FIELDS))
 
     def __call__(self, buf, reason: int | None = None) -> Exchange:
+        return self.values(self._unpack(buf), reason)
+
+    def values(self, v: tuple, reason: int | None = None) -> Exchange:
+        """An Exchange from a conn already unpacked (by iter_unpack)."""
         (tgid, fd, comm, reported, start_ns, last_in_ns, first_out_ns, last_out_ns, bytes_in,
          bytes_out, flags, family, laddr, lport, raddr, rport, n, statuses, req_len, resp_len,
-         req, resp) = self._pick(self._unpack(buf))
+         req, resp) = self._pick(v)
         return Exchange(
             tgid=tgid, fd=fd, comm=_comm(comm),
             reason=reported if reason is None else reason,
@@ -108,6 +117,7 @@ class NetProbe:
         self._tracked = self._bpf["tracked"]
         self._conn_type = self._conns.Leaf
         self._decode = decode = ExchangeDecoder(self._conn_type)
+        self._copy = MapCopy(self._conns, "conns")
         self._notice_map = self._bpf["notices"]
 
         self._budget = DrainBudget()
@@ -165,28 +175,36 @@ class NetProbe:
         would be flushed with the wrong bytes and the kernel's own report of
         it then dropped as a duplicate. Otherwise it is given as ST_READING:
         still in flight, looked at again on the next tick."""
-        for key, c in list(self._conns.items()):
-            if c.state == ST_IDLE:
+        at_state, at_seq = self._decode.state_at, self._decode.seq_at
+        for key, v in self._entries():
+            state = v[at_state]
+            if state == ST_IDLE:
                 continue
-            state = c.state
-            if state == ST_RESPONDING and not self._settled(key, c.seq):
+            if state == ST_RESPONDING and not self._settled(key, v[at_seq]):
                 state = ST_READING
-            yield self._decode(c, END_FLUSH), state
+            yield self._decode.values(v, END_FLUSH), state
 
-    def _settled(self, key, seq: int) -> bool:
+    def _entries(self) -> list[tuple[int, tuple]]:
+        """(key, unpacked conn) for every connection in the map now: copied
+        out in a syscall or a few, and unpacked while the buffers are ours."""
+        _, keys, values = self._copy.read()
+        return list(zip((k for (k,) in _KEY.iter_unpack(keys)), self._decode.iter_unpack(values)))
+
+    def _settled(self, key: int, seq: int) -> bool:
         if seq % 2:
             return False
-        again = self._conns.get(key)
+        again = self._conns.get(self._conns.Key(key))
         return again is not None and again.seq == seq
 
     def forget(self, tgid: int) -> list[Exchange]:
         """Drop a dead process's connections, returning its open exchanges."""
         pending = []
-        for key, c in list(self._conns.items()):
-            if c.tgid == tgid:
-                if c.state != ST_IDLE:
-                    pending.append(self._decode(c, END_FLUSH))
-                self._conns.pop(key, None)
+        at_tgid, at_state = self._decode.tgid_at, self._decode.state_at
+        for key, v in self._entries():
+            if v[at_tgid] == tgid:
+                if v[at_state] != ST_IDLE:
+                    pending.append(self._decode.values(v, END_FLUSH))
+                self._conns.pop(self._conns.Key(key), None)
         return pending
 
     def counters(self) -> dict[str, int]:
