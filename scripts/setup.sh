@@ -63,5 +63,6 @@ if [ ! -e "$stamp" ]; then
     .venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
     rm -f .venv/.installed-* && touch "$stamp"
 fi
+bash scripts/helm.sh  # helm into .venv/bin, for the chart tests
 .venv/bin/python -c 'import bcc, sitsprobe' || { echo "setup: bcc or sitsprobe not importable" >&2; exit 1; }
 log "ready: .venv/bin/sitsprobe"
