@@ -1,9 +1,9 @@
 """What this kernel lets us hook, proved by loading tiny programs and firing them.
 
 ``probe_all`` compiles one program for the tracepoint, kprobe and uprobe
-checks and one each for fentry, USDT and the ring buffer (a failure there
-must not sink the rest), attaches, triggers from this process, counts, and
-cleans up. ``plan`` (in ``probes.plan``) turns the result into a hook per
+checks and one each for fentry, USDT, the ring buffer and batched map reads
+(a failure there must not sink the rest), attaches, triggers from this
+process, counts, and cleans up. ``plan`` (in ``probes.plan``) turns the result into a hook per
 probe point; both are exported here.
 """
 from __future__ import annotations
@@ -208,6 +208,28 @@ def _probe_ringbuf(BPF) -> Capability:
     return Capability("ringbuf", False, "ringbuf: map made but no event arrived", "no event")
 
 
+def _probe_map_batch(BPF) -> Capability:
+    try:
+        with _quiet() as noise:
+            b = _load(BPF, text="BPF_HASH(m, u64, u64, 8);")
+    except Exception as e:
+        return _failed("map_batch", "creating a hash map", e, noise)
+    from sitsprobe.probes.maps import MapCopy
+
+    try:
+        t = b["m"]
+        t[t.Key(7)] = t.Leaf(42)
+        copy = MapCopy(t, "doctor's test map")
+        n, _, values = copy.read()
+    finally:
+        _close(b)
+    if copy.batched and n == 1 and bytes(values) == bytes(ctypes.c_uint64(42)):
+        return Capability("map_batch", True, "BPF_MAP_LOOKUP_BATCH copied a hash map")
+    return Capability("map_batch", False, f"BPF_MAP_LOOKUP_BATCH unavailable "
+                      f"({copy.unbatched_why or 'wrong copy'}): connections are read one by one "
+                      "each flush tick (Linux 5.6+ has it)", copy.unbatched_why or "wrong copy")
+
+
 def usdt_candidates() -> list[str]:
     """Python interpreters that carry stapsdt notes (Debian's do)."""
     paths = [sys.executable, "/usr/bin/python3", *(f"/usr/bin/python3.{m}" for m in range(8, 15))]
@@ -264,11 +286,12 @@ def probe_all(*, root: str = "/", usdt_binary: str | None = None,
     except ImportError as e:
         why = f"bcc not importable ({e}); install python3-bpfcc"
         return caps | {k: Capability(k, False, why, "no bcc")
-                       for k in (*_MAIN, "fentry", "usdt", "ringbuf")}
+                       for k in (*_MAIN, "fentry", "usdt", "ringbuf", "map_batch")}
     caps |= _probe_main(BPF, root)
     caps["fentry"] = _probe_fentry(BPF)
     caps["usdt"] = _probe_usdt(BPF, USDT, usdt_binary, usdt_probe)
     caps["ringbuf"] = _probe_ringbuf(BPF)
+    caps["map_batch"] = _probe_map_batch(BPF)
     return caps
 
 

@@ -35,6 +35,7 @@ class MapCopy:
         self._keys = ct.create_string_buffer(self.key_size * self._max)
         self._values = ct.create_string_buffer(self.value_size * self._max)
         self.batched = True
+        self.unbatched_why = ""  # why the kernel refused the batch lookup, once it has
 
     def read(self) -> tuple[int, memoryview, memoryview]:
         n = self._batch() if self.batched else None
@@ -60,6 +61,7 @@ class MapCopy:
             if err == errno.ENOSPC:  # the map grew past the buffer meanwhile: take what fit
                 return total
             if err in _UNSUPPORTED and total == 0:
+                self.unbatched_why = errno.errorcode.get(err, str(err))
                 log.warning("BPF_MAP_LOOKUP_BATCH unavailable on %s (%s); reading its "
                             "entries one by one", self._name, os.strerror(err))
                 self.batched = False

@@ -130,6 +130,17 @@ def works_ringbuf():
     return bool(got)
 
 
+def works_map_batch():
+    """bcc's own batch lookup, not sitsprobe's MapCopy."""
+    b = BPF(text="BPF_HASH(m, u32, u32, 4);")
+    try:
+        m = b["m"]
+        m[m.Key(1)] = m.Leaf(2)
+        return list(m.items_lookup_batch()) == [(1, 2)]  # ctypes arrays give ints
+    finally:
+        b.cleanup()
+
+
 def works_btf():
     try:
         with open("/sys/kernel/btf/vmlinux", "rb") as f:
@@ -139,7 +150,7 @@ def works_btf():
 
 
 KINDS = ["syscall_tracepoint", "tracepoint", "raw_tracepoint", "kprobe", "fentry",
-         "uprobe", "usdt", "ringbuf", "btf"]
+         "uprobe", "usdt", "ringbuf", "map_batch", "btf"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -6,7 +6,7 @@ from sitsprobe.probes import hooks
 from sitsprobe.probes.capability import Capability, fallback_notes, plan
 
 KINDS = ["btf", "syscall_tracepoint", "tracepoint", "raw_tracepoint", "kprobe", "fentry",
-         "uprobe", "usdt", "ringbuf"]
+         "uprobe", "usdt", "ringbuf", "map_batch"]
 
 
 def caps(**off: str) -> dict[str, Capability]:
