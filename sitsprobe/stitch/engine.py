@@ -124,7 +124,7 @@ class EngineJoin:
         """Requests ready to emit: joined ones, those of uninstrumented processes,
         and held ones whose wait ran out."""
         if r.pid not in self.instrumented:
-            return self.due(now_ns) + [r]
+            return self.due(now_ns) + [r] if self._held else [r]
         joined = self._join(r)
         if joined is not None:
             return self.due(now_ns) + [joined]
