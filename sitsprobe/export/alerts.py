@@ -52,6 +52,7 @@ class AlertExporter:
                 "sitsprobe.evidence": json.dumps(a.evidence, default=str, sort_keys=True),
                 "sitsprobe.window.start": self._clock.to_wall_ns(a.window_start_ns),
                 "sitsprobe.window.end": self._clock.to_wall_ns(a.window_end_ns),
+                **({"process.executable.name": process} if process else {}),
             })
         self.sent += 1
 

@@ -665,6 +665,14 @@ def alert_record() -> dict:
     return {"resource": resource, "records": records}
 
 
+def test_alert_records_name_gpu_process_cause_evidence_and_window(alert_record):
+    raised = alert_record["records"][0]
+    assert (raised["gpu"], raised["process.pid"], raised["process.executable.name"]) == (0, PID, COMM)
+    assert raised["sitsprobe.cause"] == "cpu_bound"
+    assert json.loads(raised["sitsprobe.evidence"]) == {"busy": 3.0, "working": 74.0}
+    assert raised["sitsprobe.window.end"] - raised["sitsprobe.window.start"] == 5 * S
+
+
 def loki_name(attribute: str) -> str:
     """How Loki names an OTLP attribute: every character but [A-Za-z0-9_] becomes _."""
     return re.sub(r"[^A-Za-z0-9_]", "_", attribute)
