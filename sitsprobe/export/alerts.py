@@ -8,10 +8,10 @@ import logging
 from opentelemetry._logs import SeverityNumber
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
-from opentelemetry.sdk.resources import Resource
 
 from ..clock import WallClock
 from ..gpu.collapse import RAISED, Alert
+from .otlp import agent_resource
 
 log = logging.getLogger("sitsprobe")
 
@@ -27,7 +27,7 @@ class AlertExporter:
             else:
                 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
                 exporter = OTLPLogExporter(endpoint=endpoint.rstrip("/") + "/v1/logs")
-            self._provider = LoggerProvider(resource=Resource.create({"service.name": "sitsprobe"}))
+            self._provider = LoggerProvider(resource=agent_resource())
             self._provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
             self._logger = self._provider.get_logger("sitsprobe.alerts")
         self.sent = 0

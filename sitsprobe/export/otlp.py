@@ -181,6 +181,18 @@ class TraceExporter:
         return Resource.create({k: v for k, v in defaults.items() if k not in from_env})
 
 
+def agent_resource() -> Resource:
+    """The agent's own resource, for its metrics and alerts: service.name
+    "sitsprobe" and one stable instance per node (the node's name where the
+    environment gives one, as the Helm chart does), so a restarted agent
+    continues its series instead of starting new ones under a random id."""
+    from_env = OTELResourceDetector().detect().attributes
+    node = from_env.get("k8s.node.name") or from_env.get("host.name") or socket.gethostname()
+    defaults = {"service.instance.id": str(node), "host.name": socket.gethostname()}
+    return Resource.create({"service.name": "sitsprobe",
+                            **{k: v for k, v in defaults.items() if k not in from_env}})
+
+
 def span_name(req: Request) -> str:
     if req.protocol == "tcp":
         return f"{req.comm} tcp exchange"

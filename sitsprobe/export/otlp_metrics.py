@@ -7,7 +7,8 @@ from prometheus_client import CollectorRegistry
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
+
+from .otlp import agent_resource
 
 
 class OtlpMetricsBridge:
@@ -22,7 +23,7 @@ class OtlpMetricsBridge:
         self._registry = registry
         reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_s * 1000)
         self._provider = MeterProvider(metric_readers=[reader],
-                                       resource=Resource.create({"service.name": "sitsprobe"}))
+                                       resource=agent_resource())
         meter = self._provider.get_meter("sitsprobe")
         for family in registry.collect():
             if family.type == "counter":

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import socket
 import threading
 from http import HTTPStatus
 
@@ -484,3 +485,19 @@ def test_a_containerised_process_names_its_container_and_pod(clock, tmp_path):
     assert by_pid["4242"]["container.runtime"] == {"stringValue": "containerd"}
     assert by_pid["4242"]["k8s.pod.uid"] == {"stringValue": uid}
     assert "container.id" not in by_pid["7"]
+
+
+def test_agent_resource_is_one_stable_instance_per_node(monkeypatch):
+    from sitsprobe.export.otlp import agent_resource
+
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    here = agent_resource().attributes
+    assert here["service.name"] == "sitsprobe"
+    assert here["service.instance.id"] == here["host.name"] == socket.gethostname()
+    assert agent_resource().attributes["service.instance.id"] == here["service.instance.id"]
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "k8s.node.name=gpu-node-7,host.name=gpu-node-7")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "vllm")  # meant for the traced processes' spans
+    on_node = agent_resource().attributes
+    assert on_node["service.instance.id"] == on_node["host.name"] == "gpu-node-7"
+    assert on_node["service.name"] == "sitsprobe"
