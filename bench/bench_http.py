@@ -153,10 +153,47 @@ def total(metrics: dict, name: str, **want: str) -> float:
 
 # -- the agent ------------------------------------------------------------------
 
+def bpf_programs() -> dict[int, tuple[str, int, int]]:
+    """Every BPF program loaded now: id -> (name, run_time_ns, run_cnt)."""
+    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True)
+    return {p["id"]: (p.get("name", "?"), p.get("run_time_ns", 0), p.get("run_cnt", 0))
+            for p in json.loads(out.stdout)}
+
+
+class BpfStats:
+    """Run time and run count of each of the agent's BPF programs over the
+    measured run (`kernel.bpf_stats_enabled`). The kernel then reads the clock
+    twice per program run, which costs something itself: off unless --bpf-stats.
+    What it does not see: the tracepoint machinery around each program."""
+
+    SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+    def __init__(self, prog_ids: set[int]) -> None:
+        self.prog_ids = prog_ids
+        self.delta: dict[str, list[int]] = {}  # program name -> [run_time_ns, run_cnt]
+
+    def __enter__(self) -> "BpfStats":
+        self._was = self.SYSCTL.read_text().strip()
+        self.SYSCTL.write_text("1")
+        self._before = bpf_programs()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        after = bpf_programs()
+        self.SYSCTL.write_text(self._was)
+        for pid in self.prog_ids & after.keys() & self._before.keys():
+            name, ns, cnt = after[pid]
+            d = self.delta.setdefault(name, [0, 0])
+            d[0] += ns - self._before[pid][1]
+            d[1] += cnt - self._before[pid][2]
+
+
 class Agent:
     """`sitsprobe run` as a subprocess, from start to "tracing N process(es)" to SIGTERM."""
 
-    def __init__(self, select: list[str], expect_pids: list[int], tmp: Path, tag: str) -> None:
+    def __init__(self, select: list[str], expect_pids: list[int], tmp: Path, tag: str,
+                 bpf_stats: bool = False) -> None:
+        loaded_before = set(bpf_programs()) if bpf_stats else set()
         self.port = free_port()
         self.log_path = tmp / f"agent-{tag}.log"
         self.traces = tmp / f"agent-{tag}-traces.jsonl"
@@ -174,6 +211,8 @@ class Agent:
             self.stop()
             raise
         self.startup_s = time.monotonic() - self.t0
+        # the programs it loaded (bpftool here cannot say which process holds which)
+        self.prog_ids = set(bpf_programs()) - loaded_before if bpf_stats else set()
 
     def _attached(self) -> bool:
         if self.p.poll() is not None:
@@ -245,6 +284,7 @@ class Result:
     counts: dict[str, float] = field(default_factory=dict)
     warmup_requests: int = 0
     catch_up_s: float | None = None
+    bpf: dict[str, list[int]] = field(default_factory=dict)  # --bpf-stats: name -> [ns, runs]
 
 
 def measure(group: str, config: str, rnd: int, url: str, conns: int, seconds: float, warmup: float,
@@ -255,9 +295,14 @@ def measure(group: str, config: str, rnd: int, url: str, conns: int, seconds: fl
     before = agent.counts() if agent else None
     s0, k0 = cpu_s(server), sys_s(server)
     a0 = cpu_s(agent.ps) if agent else None
-    w = run_wrk(url, conns, seconds)
+    stats = BpfStats(agent.prog_ids if agent else set())
+    if stats.prog_ids:
+        with stats:
+            w = run_wrk(url, conns, seconds)
+    else:
+        w = run_wrk(url, conns, seconds)
     s1, k1 = cpu_s(server), sys_s(server)
-    r = Result(group, config, rnd, w, s1 - s0, k1 - k0, warmup_requests=warm)
+    r = Result(group, config, rnd, w, s1 - s0, k1 - k0, warmup_requests=warm, bpf=stats.delta)
     if agent:
         # the agent's CPU includes catching up on its backlog after wrk stops
         r.counts, r.catch_up_s = agent.settled(before, w.requests if config == "b" else 0)
@@ -356,6 +401,29 @@ def table(results: list[Result], group: str, configs: list[str]) -> list[str]:
     return out
 
 
+def bpf_table(results: list[Result], group: str, config: str, top: int = 12) -> list[str]:
+    """--bpf-stats: where the in-kernel time of one configuration went, per request."""
+    rs = [r for r in results if r.group == group and r.config == config and r.bpf]
+    if not rs:
+        return []
+    reqs = sum(r.wrk.requests for r in rs)
+    names: dict[str, list[int]] = {}
+    for r in rs:
+        for name, (ns, cnt) in r.bpf.items():
+            acc = names.setdefault(name, [0, 0])
+            acc[0] += ns
+            acc[1] += cnt
+    rows = sorted(names.items(), key=lambda kv: -kv[1][0])
+    total_ns = sum(ns for ns, _ in names.values())
+    out = [f"{group} {LABELS[config]}: BPF run time {total_ns / reqs:.0f} ns per request, "
+           f"server and client together",
+           f"  {'program':40} {'runs/req':>8} {'ns/run':>7} {'ns/req':>7}"]
+    for name, (ns, cnt) in rows[:top]:
+        if cnt:
+            out.append(f"  {name[:40]:40} {cnt / reqs:8.2f} {ns / cnt:7.0f} {ns / reqs:7.0f}")
+    return out
+
+
 def accounting(results: list[Result]) -> list[str]:
     out = [f"{'run':14} {'wrk reqs':>8} {'kernel':>7} {'k-wrk':>5} {'stitched':>8} {'lost':>4}"
            f" {'traced':>6} {'CPU s':>5} {'ms/1k':>5} {'lag s':>5}"]
@@ -407,11 +475,14 @@ def main() -> int:
     ap.add_argument("--nagle", action="store_true",
                     help="serve the Python handler with Nagle on, as examples/hello_server.py does "
                          "(then every response stalls ~40 ms on a delayed ACK: see bench/README.md)")
+    ap.add_argument("--bpf-stats", action="store_true",
+                    help="also time each of the agent's BPF programs (kernel.bpf_stats_enabled) "
+                         "during (b) and (b'); adds a little in-kernel cost of its own")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("bench_http: run as root (the agent loads BPF; nginx runs as root)", file=sys.stderr)
         return 2
-    for tool in ("wrk", "nginx"):
+    for tool in ("wrk", "nginx") + (("bpftool",) if a.bpf_stats else ()):
         if not shutil.which(tool):
             print(f"bench_http: {tool} is not installed (scripts/setup.sh installs it)", file=sys.stderr)
             return 2
@@ -449,9 +520,11 @@ def main() -> int:
                     url = f"http://127.0.0.1:{port}/v1/items/1"
                     agent = None
                     if c == "b":
-                        agent = Agent(["--port", str(port)], [proc.pid], tmp, f"python-b-r{rnd}")
+                        agent = Agent(["--port", str(port)], [proc.pid], tmp, f"python-b-r{rnd}",
+                                      a.bpf_stats)
                     elif c == "b'":
-                        agent = Agent(["--pid", str(idle.pid)], [idle.pid], tmp, f"python-idle-r{rnd}")
+                        agent = Agent(["--pid", str(idle.pid)], [idle.pid], tmp, f"python-idle-r{rnd}",
+                                      a.bpf_stats)
                     try:
                         r = measure("python", c, rnd, url, 4, a.seconds, a.warmup,
                                     psutil.Process(proc.pid), agent)
@@ -473,9 +546,11 @@ def main() -> int:
                 for c in configs_ng:
                     agent = None
                     if c == "b":
-                        agent = Agent(["--port", str(port)], [worker.pid], tmp, f"nginx-b-r{rnd}")
+                        agent = Agent(["--port", str(port)], [worker.pid], tmp, f"nginx-b-r{rnd}",
+                                      a.bpf_stats)
                     elif c == "b'":
-                        agent = Agent(["--pid", str(idle.pid)], [idle.pid], tmp, f"nginx-idle-r{rnd}")
+                        agent = Agent(["--pid", str(idle.pid)], [idle.pid], tmp, f"nginx-idle-r{rnd}",
+                                      a.bpf_stats)
                     try:
                         results.append(measure("nginx", c, rnd, url, 16, a.seconds, a.warmup, worker, agent))
                     finally:
@@ -504,6 +579,10 @@ def main() -> int:
           "wrk's start until it has stitched everything; lag s: how long after wrk stopped\n"
           "that took (its backlog)")
     print("\n".join(accounting(results)))
+    for group in ("python", "nginx"):
+        for config in ("b", "b'"):
+            if lines := bpf_table(results, group, config):
+                print("\n" + "\n".join(lines))
     if a.only in (None, "python"):
         written = sum(1 for _ in open(spans)) if spans.exists() else 0
         print(f"\n(c) OTel spans written: {written}, requests wrk counted: {otel_sent} (incl. warm-ups\n"
