@@ -108,6 +108,7 @@ class Request(NamedTuple):
     head: bytes = b""  # captured request bytes, for enrich(); never exported
     inference: Inference | None = None  # joined from the engine's markers
     gpu: GpuUse | None = None  # added to traced requests where the GPU layer runs
+    transport: str | None = "tcp"  # None: not seen on TCP (a Unix socket, most likely)
 
     @property
     def ttft_ns(self) -> int | None:

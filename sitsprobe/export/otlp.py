@@ -205,7 +205,7 @@ def span_attributes(req: Request) -> dict[str, str | int | float | bool]:
         "process.pid": req.pid,
         "sitsprobe.fd": req.fd,
         "sitsprobe.complete": req.complete,
-        "network.transport": "tcp",
+        "network.transport": req.transport,  # None (not TCP) is left out below
         "error.type": _error_type(req),
     }
     if req.first_out_ns is not None:

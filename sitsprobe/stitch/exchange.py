@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..events import CF_CHUNK_END, END_CLOSE, END_EXIT, Exchange
+from ..events import CF_CHUNK_END, CF_TCP, CF_TUPLE, END_CLOSE, END_EXIT, Exchange
 from ..request import Request
 from ..routes import RouteMapper
 from .http import RequestHead, parse_request_heads, parse_response_head, path_of, request_line
@@ -71,18 +71,22 @@ class Stitcher:
         answered = ex.first_out_ns != 0
         end = ex.last_out_ns if answered else ex.last_in_ns
         complete = answered or ex.reason not in (END_EXIT, END_CLOSE)
+        # TCP: the kernel saw its 4-tuple or a tcp_sendmsg on it. An answer sent
+        # without tcp_sendmsg went over another kind of socket (a Unix one).
+        tcp = ex.flags & (CF_TCP | CF_TUPLE) or not answered
         if ex.n_responses <= 1 and (line := request_line(ex.req)) is not None:
             # the common case, kept cheap: headers are parsed only for traced requests
             method, target = line
             path = path_of(target)
-            return [Request(  # by position, in _FAST_FIELDS order
+            r = Request(  # by position, in _FAST_FIELDS order
                 ex.tgid, ex.comm, ex.fd, ex.start_ns, end, ex.first_out_ns or None,
                 ex.bytes_in, ex.bytes_out, ex.local, ex.peer, "http/1.1", method, target,
                 path, self._routes.route(path), ex.statuses[0] if ex.statuses else None,
-                None, None, complete, ex.req)]
+                None, None, complete, ex.req)
+            return [r if tcp else r._replace(transport=None)]
         base = dict(pid=ex.tgid, comm=ex.comm, fd=ex.fd, start_ns=ex.start_ns, end_ns=end,
                     first_out_ns=ex.first_out_ns or None, local=ex.local, peer=ex.peer,
-                    complete=complete)
+                    complete=complete, transport="tcp" if tcp else None)
         heads = parse_request_heads(ex.req)
         resp = parse_response_head(ex.resp)
         if not heads and resp is None:  # not HTTP: one connection-level exchange

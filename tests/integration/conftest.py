@@ -75,6 +75,9 @@ class TraceFile:
     def for_port(self, port: int) -> list[dict]:
         return [s for s in self.spans() if s["attrs"].get("server.port") == port]
 
+    def for_pid(self, pid: int) -> list[dict]:
+        return [s for s in self.spans() if s["resource"].get("process.pid") == pid]
+
     def wait_for_port(self, port: int, n: int, timeout: float = 15) -> list[dict]:
         return wait_until(lambda: (s := self.for_port(port)) and len(s) >= n and s,
                           timeout, f"{n} spans for port {port} (have {len(self.for_port(port))})")
@@ -160,9 +163,10 @@ def agent(request, tmp_path_factory):
 class Server:
     """tests/integration/httpserver.py in a subprocess, tracked by the agent."""
 
-    def __init__(self, agent: AgentHandle | None, mode: str = "sendto"):
+    def __init__(self, agent: AgentHandle | None, mode: str = "sendto", unix: str | None = None):
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "httpserver.py"), "--mode", mode, "--tag", TAG],
+            [sys.executable, str(HERE / "httpserver.py"), "--mode", mode, "--tag", TAG,
+             *(["--unix", unix] if unix else [])],
             stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
         self.pid = self.proc.pid

@@ -1,6 +1,6 @@
 """A real HTTP/1.1 server for the integration tests, run as a subprocess.
 
-    python httpserver.py --mode sendto|writev|sendmsg|write
+    python httpserver.py --mode sendto|writev|sendmsg|write [--unix PATH]
 
 Every mode reads with recv(2)/read(2) and answers keep-alive HTTP/1.1; the
 mode picks the syscall that writes the response. It prints its port, then
@@ -93,9 +93,16 @@ def main() -> None:
     ap.add_argument("--mode", default="sendto", choices=("sendto", "writev", "sendmsg", "write"))
     ap.add_argument("--tag", default="sitsprobe-testserver")
     ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--unix", help="listen on this Unix socket path instead (prints port 0)")
     a = ap.parse_args()
-    srv = socket.create_server((a.host, 0), backlog=256)
-    print(srv.getsockname()[1], flush=True)
+    if a.unix:
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(a.unix)
+        srv.listen(256)
+        print(0, flush=True)
+    else:
+        srv = socket.create_server((a.host, 0), backlog=256)
+        print(srv.getsockname()[1], flush=True)
     while True:
         conn, _ = srv.accept()
         threading.Thread(target=serve_conn, args=(conn, a.mode), daemon=True).start()

@@ -14,15 +14,22 @@ from .conftest import Server, wait_until
 class Client:
     """A raw HTTP/1.1 client that knows exactly what it sent and received."""
 
-    def __init__(self, port: int):
-        self.port = port
+    def __init__(self, port: int, unix: str | None = None):
+        self.port, self.unix = port, unix
         self.sock: socket.socket | None = None
         self.tally: list[dict] = []
+
+    def _connect(self) -> socket.socket:
+        if self.unix is None:
+            return socket.create_connection(("127.0.0.1", self.port))
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(self.unix)
+        return s
 
     def request(self, method: str, path: str, body: bytes = b"", keep_alive: bool = True,
                 headers: dict[str, str] | None = None) -> dict:
         if self.sock is None:
-            self.sock = socket.create_connection(("127.0.0.1", self.port))
+            self.sock = self._connect()
         lines = [f"{method} {path} HTTP/1.1", "Host: localhost", "User-Agent: tally/1"]
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
         if body:
@@ -109,6 +116,21 @@ def test_spans_equal_client_tally(agent, mode):
     assert s["attrs"]["client.address"] == "127.0.0.1"
     assert s["attrs"]["user_agent.original"] == "tally/1"
     assert s["resource"]["process.pid"] == server.pid
+
+
+def test_unix_socket_requests_are_counted_and_not_called_tcp(agent, tmp_path):
+    """HTTP over a Unix socket (a server behind a local proxy): the same
+    tally, no addresses, and no network.transport=tcp (tcp_sendmsg never ran)."""
+    path = str(tmp_path / "server.sock")
+    with Server(agent, unix=path) as server:
+        c = Client(0, unix=path)
+        tally = [c.request("GET", f"/unix/{i}") for i in range(5)]
+        tally.append(c.request("POST", "/echo", body=b"over a unix socket", keep_alive=False))
+        spans = wait_until(lambda: len(s := agent.traces.for_pid(server.pid)) >= 6 and s, 15,
+                           "6 spans from the Unix-socket server")
+    check_against_tally(spans, tally)
+    for s in spans:
+        assert not any(k.startswith(("network.transport", "server.", "client.")) for k in s["attrs"]), s
 
 
 def test_server_duration_within_each_round_trip(agent):

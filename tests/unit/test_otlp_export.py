@@ -206,10 +206,11 @@ def test_errors_and_other_shapes(clock, tmp_path):
         request(status=None, complete=False, first_out_ns=None, end_ns=5_000_000_000),
         request(method="PURGE", route=None, target="/cache?sig=abc&x=1", path="/cache"),
         request(protocol="tcp", method=None, target=None, path=None, route=None, status=None, user_agent=None),
+        request(transport=None, local=None, peer=None),
     )
     spans = [s for _, s in file_spans(path)]
     attrs = [{a["key"]: next(iter(a["value"].values())) for a in s["attributes"]} for s in spans]
-    e503, e404, cut, purge, tcp = zip(spans, attrs)
+    e503, e404, cut, purge, tcp, unix = zip(spans, attrs)
 
     assert e503[0]["status"] == {"code": 2} and e503[1]["error.type"] == "503"
     assert e404[0]["status"] == {} and "error.type" not in e404[1]
@@ -226,6 +227,11 @@ def test_errors_and_other_shapes(clock, tmp_path):
     assert tcp[0]["name"] == "vllm tcp exchange"
     assert tcp[1]["sitsprobe.bytes_in"] == "310"
     assert not any(k.startswith(("http.", "url.", "user_agent.")) for k in tcp[1])
+    assert tcp[1]["network.transport"] == "tcp"
+
+    assert unix[1]["http.request.method"] == "POST"  # an HTTP request over a Unix socket:
+    assert not any(k.startswith(("network.transport", "network.peer", "server.", "client."))
+                   for k in unix[1])  # no claim of TCP, no addresses
 
 
 def test_http_endpoint_given_in_full_is_kept(clock):
