@@ -88,7 +88,10 @@ class GpuWatch:
                                       t.copy_bytes if t else 0, in_flight + queued)
             for gpu in on_gpu.get(pid, ()):
                 self.detector.observe_demand(gpu, pid, now, in_flight, queued)
-            h = self.hosts.sample(pid, now)
+            # host signals explain a GPU's collapse: read them only for processes on
+            # one (two /proc reads per thread; a thread-per-connection server with
+            # 2,000 idle connections cost the agent 70 % of a core without this)
+            h = self.hosts.sample(pid, now) if on_gpu.get(pid) else None
             if h is not None:
                 self.detector.observe_host(pid, h.ts_ns, h.on_cpu_max, h.runq_wait_max)
         if self.cuda is not None:
