@@ -305,7 +305,8 @@ class Agent:
         in_flight: dict[int, float] = {}
         for ex, state in self.probe.open_exchanges():
             if state == 2 and (everything or self.stitcher.due(ex, now)):
-                self._take(ex, self.stitcher.on_flush(ex))
+                if requests := self.stitcher.on_flush(ex):  # none: reported on an earlier tick
+                    self._take(ex, requests)
             else:
                 in_flight[ex.tgid] = in_flight.get(ex.tgid, 0) + 1
         return in_flight

@@ -39,10 +39,24 @@ class Layout:
         self._items = 0
         self._end = 0  # bytes covered so far
         self.at: dict[str, int | slice] = {}
+        self._fields: dict[str, tuple[int, str]] = {}  # name -> (offset, struct code)
         self._add(ctype, 0, "")
         self._pad(ct.sizeof(ctype))
         self.struct = struct.Struct("=" + "".join(self._fmt))
         self.unpack_from = self.struct.unpack_from
+
+    def subset(self, *names: str) -> struct.Struct:
+        """A Struct of the same size that reads only ``names`` (given in the
+        struct's order), skipping the rest: for a glance at many entries."""
+        fmt, end = [], 0
+        for name in names:
+            off, code = self._fields[name]
+            if off < end:
+                raise ValueError(f"{name}: fields must be given in the struct's order")
+            fmt.append(f"{off - end}x{code}" if off > end else code)
+            end = off + struct.calcsize("=" + code)
+        fmt.append(f"{self.struct.size - end}x")
+        return struct.Struct("=" + "".join(fmt))
 
     def _pad(self, offset: int) -> None:
         if offset > self._end:
@@ -61,15 +75,17 @@ class Layout:
             if isinstance(ftype, type) and issubclass(ftype, ct.Array):
                 elem = ftype._type_
                 if ct.sizeof(elem) == 1:  # bytes, char[]: one bytes item
-                    self._fmt.append(f"{size}s")
+                    code = f"{size}s"
                     self.at[full] = self._items
                     self._items += 1
                 else:
-                    self._fmt.append(_code(elem) * ftype._length_)
+                    code = _code(elem) * ftype._length_
                     self.at[full] = slice(self._items, self._items + ftype._length_)
                     self._items += ftype._length_
             else:
-                self._fmt.append(_code(ftype))
+                code = _code(ftype)
                 self.at[full] = self._items
                 self._items += 1
+            self._fmt.append(code)
+            self._fields[full] = (off, code)
             self._end = off + size

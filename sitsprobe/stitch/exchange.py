@@ -30,7 +30,8 @@ class Stitcher:
     def __init__(self, routes: RouteMapper, idle_flush_ns: int, max_remembered: int = 65536):
         self._routes = routes
         self._idle_ns = idle_flush_ns
-        self._reported: OrderedDict[tuple[int, int, int], None] = OrderedDict()
+        # exchanges a flush reported -> their last_out_ns then
+        self._reported: OrderedDict[tuple[int, int, int], int] = OrderedDict()
         self._max_remembered = max_remembered
         self.duplicates = 0
 
@@ -47,13 +48,15 @@ class Stitcher:
         exited); once only, however many flush ticks see it still open."""
         if ex.key in self._reported:
             return []
-        self._reported[ex.key] = None
+        self._reported[ex.key] = ex.last_out_ns
         if len(self._reported) > self._max_remembered:
             self._reported.popitem(last=False)
         return self.requests(ex)
 
     def due(self, ex: Exchange, now_ns: int) -> bool:
         """Whether an open, responding exchange should be reported now."""
+        if self._reported.get(ex.key) == ex.last_out_ns:
+            return True  # reported as due, and nothing sent since: it only got quieter
         resp = parse_response_head(ex.resp)
         if ex.n_responses <= 1 and resp is not None:
             if ex.flags & CF_CHUNK_END and resp.chunked:

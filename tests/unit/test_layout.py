@@ -65,3 +65,14 @@ def test_non_integer_field_is_refused_by_name():
 
     with pytest.raises(TypeError, match="c_double"):
         Layout(F)
+
+
+def test_subset_reads_only_the_named_fields_at_their_offsets():
+    c = filled()
+    layout = Layout(Conn)
+    head = layout.subset("fd", "t.rport", "delta", "seq")
+    assert head.size == ct.sizeof(Conn)
+    assert head.unpack_from(bytes(c)) == (7, 51234, -17, 9)
+    assert [v for v in head.iter_unpack(bytes(c) * 3)] == [(7, 51234, -17, 9)] * 3
+    with pytest.raises(ValueError, match="order"):
+        layout.subset("seq", "fd")

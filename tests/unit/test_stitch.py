@@ -1,6 +1,8 @@
 """Stitcher: kernel exchanges -> Requests, without a kernel."""
 from __future__ import annotations
 
+import pytest
+
 from sitsprobe.events import CF_TCP, CF_TUPLE, END_CLOSE, END_FLUSH, END_NEXT, Exchange
 from sitsprobe.request import Endpoint
 from sitsprobe.routes import RouteMapper
@@ -62,3 +64,19 @@ def test_a_flushed_exchange_reported_again_by_the_kernel_is_dropped():
     assert s.on_flush(ex._replace(reason=END_FLUSH)) == []
     assert s.on_exchange(ex) == [] and s.duplicates == 1
     assert len(s.on_exchange(ex._replace(start_ns=5_000))) == 1  # the next exchange
+
+
+def test_a_reported_quiet_exchange_is_due_without_parsing_it_again(monkeypatch):
+    """Every flush tick asks about every quiet keep-alive connection: once one
+    is reported, only a new send makes it worth parsing again."""
+    from sitsprobe.stitch import exchange as mod
+
+    s = stitcher()
+    ex = exchange(reason=END_FLUSH, resp=b"HTTP/1.1 200 OK\r\n\r\n", statuses=(200,))  # no length
+    assert s.due(ex, 3_000 + 600_000_000)  # idle past idle_flush
+    assert len(s.on_flush(ex)) == 1
+    monkeypatch.setattr(mod, "parse_response_head", lambda _b: pytest.fail("parsed again"))
+    assert s.due(ex, 3_000 + 600_000_001)
+    resumed = ex._replace(last_out_ns=10**9, bytes_out=ex.bytes_out + 10)  # sent more since
+    with pytest.raises(pytest.fail.Exception):
+        s.due(resumed, 10**9 + 1)
