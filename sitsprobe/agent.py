@@ -13,7 +13,7 @@ from . import kheaders, procs, tracefs
 from .clock import WallClock
 from .config import Config
 from .containers import Container, container_of
-from .errors import SitsprobeError
+from .errors import ProbeAttachError, SitsprobeError
 from .events import END_EXIT, Exchange, MarkerEvent, ProcessNotice
 from .export.otlp import TraceExporter
 from .export.prom import KernelMetrics, RequestMetrics, serve
@@ -61,6 +61,7 @@ class Agent:
         self.requests_seen = 0
         self.probe = None
         self.markers = None
+        self._unprobed: set[int] = set()  # engines whose markers library could not be probed
         self.cache = None  # CacheProbe
         self.cache_stats = None
         self.gpu = None
@@ -229,6 +230,7 @@ class Agent:
         self.containers.pop(pid, None)
         self.probe.untrack(pid)
         self.engine.instrumented.discard(pid)
+        self._unprobed.discard(pid)
         if self.gpu is not None:
             self.gpu.forget(pid)
         for ex in self.probe.forget(pid):
@@ -247,14 +249,30 @@ class Agent:
         if self.cache is not None:
             self.cache.rescan()
         if self.markers is not None:
-            from .probes.markers import find_marker_libraries
-            for pid in list(self.tracked):
-                libs = find_marker_libraries(pids=[pid])
-                if libs:  # its requests wait for their markers from now on, even the first
-                    self.engine.instrumented.add(pid)
+            self._find_engines()
+
+    def _find_engines(self) -> None:
+        """Traced processes that load the markers library: probe the library,
+        and from then on hold their requests for their markers. One whose
+        library cannot be probed is said once and traced without its stages:
+        it must not stop the agent, nor hold its requests for nothing."""
+        from .probes.markers import find_marker_libraries
+
+        for pid in self.tracked:
+            if pid in self.engine.instrumented or pid in self._unprobed:
+                continue  # a process keeps the libraries it has: look once
+            libs = find_marker_libraries(pids=[pid])
+            try:
                 for path in libs:
                     if self.markers.attach(path):
                         log.info("engine markers: attached to %s", path)
+            except ProbeAttachError as e:
+                log.warning("%s: %s[%d] is traced without its engine stages",
+                            e, self.tracked[pid], pid)
+                self._unprobed.add(pid)
+                continue
+            if libs:  # its requests wait for their markers from now on, even the first
+                self.engine.instrumented.add(pid)
 
     def _on_notice(self, n: ProcessNotice) -> None:
         if n.kind == "exit":
