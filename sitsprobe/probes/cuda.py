@@ -79,6 +79,8 @@ def cuda_libraries(pid: int, proc: str = "/proc") -> list[MappedLibrary]:
         return []
     found: dict[tuple[str, int], MappedLibrary] = {}
     for line in lines:
+        if "/libcuda" not in line:  # most of a CUDA process's thousands of mappings
+            continue
         parts = line.split(None, 5)
         if len(parts) < 6 or not parts[5].startswith("/") or parts[5].endswith(" (deleted)"):
             continue
