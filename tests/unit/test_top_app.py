@@ -80,36 +80,35 @@ def drive(agent: Agent, steps, interval: float = 3600.0, size=(80, 30)):
     return app
 
 
-def test_app_shows_the_rows_of_the_interval():
+def screen(agent: Agent) -> tuple[str, str]:
+    """(status, body) as the app shows them after its second scrape."""
+    seen = {}
+
     async def steps(app, pilot):
         await app.scrape()
-        body = shown(app, "body")
-        assert "python[21859]                    10.5    0.0%    38.2ms    70.0ms" in body
-        assert "python sitsprobe-tiny-gpt    14.7ms    19.9ms     5.0ms       100.0%       98.8%" in body
-        assert "batches: 1.17 requests per step, 94.0 steps/s" in body
-        assert body.endswith("\nprefix                           10.5    0.0%  -")
-        assert "GPU" not in body  # none on the page
-        status = shown(app, "status")
-        assert "http://agent:9102  02:33:32 UTC  over 2.0s" in status
-        assert "processes 1  events 10.5/s  lost 0" in status
+        seen.update(status=shown(app, "status"), body=shown(app, "body"))
 
-    drive(Agent("metrics1.txt", "metrics2.txt"), steps)
+    drive(agent, steps)
+    return seen["status"], seen["body"]
+
+
+def test_app_shows_the_rows_of_the_interval():
+    status, body = screen(Agent("metrics1.txt", "metrics2.txt"))
+    assert "python[21859]                    10.5    0.0%    38.2ms    70.0ms" in body
+    assert "python sitsprobe-tiny-gpt    14.7ms    19.9ms     5.0ms       100.0%       98.8%" in body
+    assert "batches: 1.17 requests per step, 94.0 steps/s" in body
+    assert body.endswith("\nprefix                           10.5    0.0%  -")
+    assert "GPU" not in body  # none on the page
+    assert "http://agent:9102  02:33:32 UTC  over 2.0s" in status
+    assert "processes 1  events 10.5/s  lost 0" in status
 
 
 def test_gpus_and_alerts_with_and_without_alerts_json():
-    async def steps(app, pilot):
-        await app.scrape()
-        body = shown(app, "body")
-        assert "0      3%  gpm_sm_util         61.2/79.6 GiB   118 W  python[21859]      3%" in body
-        assert "ALERT GPU 0 cpu_bound  python[21859]  busy 3% vs working 74%  demand 3  for 12s" in body
-
-    drive(Agent("metrics1.txt", "metrics_gpu.txt", alerts="alerts.json"), steps)
-
-    async def gauge_only(app, pilot):
-        await app.scrape()
-        assert shown(app, "body").splitlines()[-1] == "ALERT GPU 0 cpu_bound"
-
-    drive(Agent("metrics1.txt", "metrics_gpu.txt"), gauge_only)
+    _, body = screen(Agent("metrics1.txt", "metrics_gpu.txt", alerts="alerts.json"))
+    assert "0      3%  gpm_sm_util         61.2/79.6 GiB   118 W  python[21859]      3%" in body
+    assert "ALERT GPU 0 cpu_bound  python[21859]  busy 3% vs working 74%  demand 3  for 12s" in body
+    _, gauge_only = screen(Agent("metrics1.txt", "metrics_gpu.txt"))
+    assert gauge_only.splitlines()[-1] == "ALERT GPU 0 cpu_bound"
 
 
 def test_p_pauses_and_resumes():
@@ -172,12 +171,7 @@ def test_labels_are_escaped():
     agent = Agent("metrics1.txt")
     bracketed = (FIX / "metrics2.txt").read_text().replace('process="python"', 'process="[bold]py"')
     agent.pages.append(bracketed)
-
-    async def steps(app, pilot):
-        await app.scrape()
-        assert "[bold]py[21859]" in shown(app, "body")
-
-    drive(agent, steps)
+    assert "[bold]py[21859]" in screen(agent)[1]  # escaped: not eaten as markup
 
 
 def test_source_falls_back_on_bad_alerts_and_reports_bad_pages():
