@@ -42,8 +42,8 @@ def hold(port: int, n: int) -> list[socket.socket]:
     return socks
 
 
-def measure(n: int, seconds: float, tmp: Path) -> tuple[float, float]:
-    """(agent CPU share of one core while quiet, seconds it took to start)."""
+def measure(n: int, seconds: float, tmp: Path) -> float:
+    """The agent's CPU, as a share of one core, while n connections are quiet."""
     server = subprocess.Popen([sys.executable, str(SERVER), "--tag", "bench-idle"],
                               stdout=subprocess.PIPE, text=True)
     port = int(server.stdout.readline())
@@ -56,7 +56,7 @@ def measure(n: int, seconds: float, tmp: Path) -> tuple[float, float]:
         share = (cpu_s(agent.ps) - c0) / (time.monotonic() - t0)
         for s in socks:
             s.close()
-        return share, agent.startup_s
+        return share
     finally:
         agent.stop()
         server.kill()
@@ -78,8 +78,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="sitsprobe-bench-idle-"))
     print(f"\n{'connections':>11} {'agent CPU, % of a core':>23}")
     for n in counts:
-        share, _ = measure(n, a.seconds, tmp)
-        print(f"{n:11d} {100 * share:23.1f}", flush=True)
+        print(f"{n:11d} {100 * measure(n, a.seconds, tmp):23.1f}", flush=True)
     print(f"\nagent logs: {tmp}")
     return 0
 
