@@ -34,6 +34,7 @@ class Capture:
     request_bytes: int
     response_bytes: int
     redact_headers: tuple[str, ...]
+    keep_query_params: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,7 @@ _RULES: dict[str, Rule] = {
     "capture.request_bytes": _int(16, 4096),
     "capture.response_bytes": _int(16, 1024),
     "capture.redact_headers": _list(_str("a non-empty header name", conv=str.lower)),
+    "capture.keep_query_params": _list(_str("a non-empty parameter name")),
     "ring_buffer_mib": _int(1, 1024, pow2=True),
     "stitch.idle_flush_ms": _int(10, 600000),
     "stitch.max_connections": _int(64, 1048576),

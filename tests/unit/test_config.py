@@ -38,6 +38,7 @@ def test_defaults_load():
     assert c.capture.request_bytes == 256 and c.capture.response_bytes == 64
     assert c.capture.redact_headers == ("authorization", "cookie", "set-cookie",
                                         "proxy-authorization", "x-api-key")
+    assert c.capture.keep_query_params == ()  # every query value is redacted
     assert c.ring_buffer_mib == 64
     assert (c.stitch.idle_flush_ms, c.stitch.max_connections) == (500, 16384)
     assert c.routes.templates == () and c.routes.collapse_ids is True and c.routes.max_routes == 500
@@ -202,9 +203,22 @@ def test_bad_list_item_index(tmp_path):
     ("select:\n  comms: [python3, a_very_long_comm_name]\n", "select.comms[1]"),
     ("routes:\n  templates: [v1/models]\n", "routes.templates[0]"),
     ("capture:\n  redact_headers: [cookie, 7]\n", "capture.redact_headers[1]"),
+    ("capture:\n  keep_query_params: [stream, '']\n", "capture.keep_query_params[1]"),
 ])
 def test_other_list_items(tmp_path, text, key):
     assert f": {key}: expected " in str(error(tmp_path, text))
+
+
+def test_keep_query_params(tmp_path):
+    c = load(write(tmp_path, "capture:\n  keep_query_params: [stream, Model, page size]\n"))
+    assert c.capture.keep_query_params == ("stream", "Model", "page size")  # case kept
+    assert load(None, {"capture.keep_query_params": None}).capture.keep_query_params == ()
+    path = tmp_path / "sitsprobe.yaml"
+    assert str(error(tmp_path, "capture:\n  keep_query_params: stream\n")) == (
+        f"{path}: capture.keep_query_params: expected a list of items, "
+        "each a non-empty parameter name, got 'stream'")
+    assert str(error(tmp_path, "capture:\n  keep_query_params: [stream, 7]\n")) == (
+        f"{path}: capture.keep_query_params[1]: expected a non-empty parameter name, got 7")
 
 
 def test_bool_is_not_int(tmp_path):

@@ -40,7 +40,8 @@ REALISTIC = {
     "imagePullSecrets": [{"name": "regcred"}],
     "config": {
         "select": {"cmdline": [], "comms": ["tritonserver"], "ports": [8000, 8080]},
-        "capture": {"request_bytes": 512, "redact_headers": ["authorization", "x-tenant-token"]},
+        "capture": {"request_bytes": 512, "redact_headers": ["authorization", "x-tenant-token"],
+                    "keep_query_params": ["stream"]},
         "ring_buffer_mib": 128,
         "stitch": {"max_connections": 1048576, "idle_flush_ms": 250},
         "routes": {"templates": ["/v1/models/{model}"], "max_routes": 2000},
