@@ -4,7 +4,7 @@
 
 An inference gateway holds thousands of keep-alive connections, most of them
 quiet between requests. The agent follows each one in its kernel map, and its
-flush tick (every idle_flush_ms / 2) looks at all of them. For each N this
+flush tick (every stitch.flush_interval_ms) looks at all of them. For each N this
 starts the test server (tests/integration/httpserver.py, a thread per
 connection), the agent on it (`sitsprobe run --pid`), opens N connections
 that each make one request and then stay open, and measures the agent's CPU

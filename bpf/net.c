@@ -5,8 +5,12 @@
  * when userspace seeds it from /proc). Reads and writes on it drive a small
  * state machine: the first read after a response starts a new exchange (and
  * reports the previous one); the first write after reads starts the
- * response. Only the first REQ_CAP / RESP_CAP bytes are copied, once each.
- * Every loss (ring full, map full) is counted in `counters`.
+ * response; a write that begins the next HTTP response (pipelined requests)
+ * reports the one before. Only the first REQ_CAP / RESP_CAP bytes are
+ * copied, once each; a longer request head is searched for its trace
+ * context headers. A connection the full `conns` table cannot take is still
+ * counted: its HTTP responses, per process. Every loss (ring full, map full)
+ * is counted in `counters`.
  */
 #include <uapi/linux/ptrace.h>
 #include <linux/sched.h>
@@ -20,7 +24,8 @@
 
 /* How a call passes its buffer: the low bits of args.kind. */
 enum call_kind { K_FLAT = 1, K_IOV = 2, K_MSG = 3, K_NOCOPY = 4, K_ACCEPT = 5 };
-#define SEND 0x100 /* or-ed into args.kind: the call writes */
+#define SEND 0x100      /* or-ed into args.kind: the call writes */
+#define UNTRACKED 0x200 /* or-ed into args.kind: a send on a connection in `overflow` */
 
 struct args {
     __u64 ptr; /* buffer, iovec array, msghdr or sockaddr, by kind */
@@ -36,11 +41,17 @@ struct uiovec {
 
 BPF_HASH(tracked, __u32, __u8, 4096);
 BPF_HASH(conns, __u64, struct conn, MAX_CONNS);
+BPF_HASH(overflow, __u64, __u8, MAX_OVERFLOW); /* accepted while conns was full */
+BPF_PERCPU_HASH(untracked, __u32, __u64, 4096); /* tgid -> responses sent on them */
 BPF_HASH(inflight, __u64, struct args, 16384);
 BPF_TABLE("lru_hash", __u64, struct tuple, socks, 65536);
 BPF_PERCPU_ARRAY(counters, __u64, C_COUNTERS);
 BPF_PERCPU_HASH(http_status, struct status_key, __u64, 65536);
 BPF_PERCPU_ARRAY(zero_conn, struct conn, 1);
+struct scan_buf {
+    __u8 b[SCAN_CHUNK + 16];
+};
+BPF_PERCPU_ARRAY(scan_bufs, struct scan_buf, 1);
 BPF_RINGBUF_OUTPUT(exchanges, RINGBUF_PAGES);
 BPF_RINGBUF_OUTPUT(notices, 64);
 
@@ -70,8 +81,11 @@ static __always_inline int enter(__u32 fd, const void *ptr, __u32 kind)
         return 0;
     if (kind != K_ACCEPT) {
         __u64 key = conn_key(tgid, fd);
-        if (!conns.lookup(&key))
-            return 0;
+        if (!conns.lookup(&key)) {
+            if (!(kind & SEND) || !overflow.lookup(&key))
+                return 0;
+            kind |= UNTRACKED;
+        }
     }
     struct args a = {.ptr = (__u64)ptr, .enter_ns = bpf_ktime_get_ns(), .fd = fd, .kind = kind};
     if (inflight.update(&id, &a))
@@ -84,7 +98,7 @@ static __always_inline __u64 first_buffer(struct args *a, __u64 *len)
 {
     struct uiovec iov = {};
     __u64 iovp = a->ptr;
-    __u32 kind = a->kind & ~SEND;
+    __u32 kind = a->kind & 0xff;
     if (kind == K_FLAT) {
         *len = (__u64)-1;
         return a->ptr;
@@ -134,26 +148,149 @@ static __always_inline void count_status(__u32 tgid, __u16 status)
         http_status.update(&k, &one);
 }
 
+/* An interim response (100 Continue, 103 Early Hints) precedes the real one;
+ * 101 Switching Protocols is final. */
+static __always_inline int is_final(__u16 status)
+{
+    return status >= 200 || status == 101;
+}
+
+/* The status of a send that begins with an HTTP/1.x status line, else 0. */
+static __always_inline __u16 status_sent(struct args *a, long ret)
+{
+    __u8 head[12] = {};
+    __u64 len = 0, buf = first_buffer(a, &len);
+    if (!buf || len < sizeof(head) || ret < (long)sizeof(head))
+        return 0;
+    bpf_probe_read_user(head, sizeof(head), (void *)buf);
+    return status_of(head);
+}
+
+/* A send on a connection the table had no room for: counted, not stitched. */
+static __always_inline void on_untracked_send(struct args *a, __u32 tgid, long ret)
+{
+    __u16 status = status_sent(a, ret);
+    if (!is_final(status))
+        return;
+    count_status(tgid, status);
+    __u64 one = 1, *v = untracked.lookup(&tgid);
+    if (v)
+        (*v)++;
+    else
+        untracked.update(&tgid, &one);
+}
+
+/* "traceparent:" (n = 12) or "tracestate:" (11) at l, any case. */
+static __always_inline int is_header(const __u8 *l, const char *name, int n)
+{
+#pragma unroll
+    for (int k = 0; k < 12; k++)
+        if (k < n && (l[k] | 0x20) != name[k])
+            return 0;
+    return 1;
+}
+
+/* A request head longer than the bytes captured may carry its trace context
+ * past them (real clients send many headers first): the first HEAD_SCAN
+ * bytes of the read, up to the blank line, are searched for the two header
+ * lines, and what follows their names is kept. Paid only by requests longer
+ * than REQ_CAP, and only for their head. The verifier allows a loop only so
+ * long, so each SCAN_CHUNK is one run of `scan_head`, which tail-calls
+ * itself for the next. */
+struct scan_state {
+    __u64 key; /* the conns entry */
+    __u64 buf; /* the read's user buffer */
+    __u64 n;   /* bytes to search; 0: no search pending */
+    __u64 off; /* where this chunk starts */
+};
+BPF_PERCPU_ARRAY(scan_states, struct scan_state, 1);
+BPF_PROG_ARRAY(scan_prog, 1);
+
+/* One chunk; 1 when the search is over (the head ended, both found). */
+static __always_inline int scan_chunk(struct conn *c, struct scan_buf *s, struct scan_state *st)
+{
+    __u64 off = st->off, n = st->n, want = n - off;
+    if (want > sizeof(s->b))
+        want = sizeof(s->b);
+    if (bpf_probe_read_user(s->b, want, (void *)(st->buf + off)))
+        return 1;
+    for (int i = 0; i < SCAN_CHUNK; i++) {
+        if (off + i + 1 >= n)
+            return 1;
+        if (s->b[i] != '\n')
+            continue;
+        const __u8 *l = &s->b[i + 1];
+        if (l[0] == '\r' || l[0] == '\n')
+            return 1; /* the blank line: the head ends here */
+        if ((l[0] | 0x20) != 't')
+            continue;
+        __u64 value = st->buf + off + i + 1;
+        if (!c->tp_len && is_header(l, "traceparent:", 12)) {
+            if (bpf_probe_read_user(c->tp, TP_CAP, (void *)(value + 12)) == 0)
+                c->tp_len = TP_CAP;
+        } else if (!c->ts_len && is_header(l, "tracestate:", 11)) {
+            if (bpf_probe_read_user(c->ts, TS_CAP, (void *)(value + 11)) == 0)
+                c->ts_len = TS_CAP;
+        }
+        if (c->tp_len && c->ts_len)
+            return 1;
+    }
+    return 0;
+}
+
+int scan_head(void *ctx)
+{
+    int zero = 0;
+    struct scan_state *st = scan_states.lookup(&zero);
+    struct scan_buf *s = scan_bufs.lookup(&zero);
+    if (!st || !s || !st->n)
+        return 0;
+    struct conn *c = conns.lookup(&st->key);
+    if (c && !scan_chunk(c, s, st) && st->off + SCAN_CHUNK < st->n) {
+        st->off += SCAN_CHUNK;
+        scan_prog.call(ctx, 0);
+    }
+    st->n = 0; /* done, or the tail call failed */
+    return 0;
+}
+
+/* Ask for a search of this read's head, run when the syscall's exit is done. */
+static __always_inline void want_scan(__u64 key, __u64 buf, __u64 n)
+{
+    int zero = 0;
+    struct scan_state *st = scan_states.lookup(&zero);
+    if (!st)
+        return;
+    st->key = key;
+    st->buf = buf;
+    st->n = n < HEAD_SCAN ? n : HEAD_SCAN;
+    st->off = 0;
+}
+
 static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 now)
 {
-    if (c->state == ST_RESPONDING) {
+    /* after only "100 Continue" the client sends the body: the same request */
+    if (c->state == ST_RESPONDING && !(c->flags & CF_INTERIM)) {
         report(c, END_NEXT);
         c->state = ST_IDLE;
     }
     if (c->state == ST_IDLE) {
         __u64 len = 0, buf = first_buffer(a, &len);
-        __u64 n = ret < len ? ret : len;
+        __u64 all = ret < len ? ret : len, n = all;
         if (n > REQ_CAP)
             n = REQ_CAP;
         c->start_ns = now;
         c->first_out_ns = c->last_out_ns = 0;
         c->bytes_in = c->bytes_out = 0;
-        c->n_responses = 0;
+        c->status = c->pipeline = 0;
         c->resp_len = 0;
-        c->flags &= ~CF_CHUNK_END;
+        c->tp_len = c->ts_len = 0;
+        c->flags &= ~(CF_CHUNK_END | CF_SEEDED | CF_MISSED | CF_INTERIM);
         c->req_len = 0;
         if (buf && n > 0 && bpf_probe_read_user(c->req, n, (void *)buf) == 0)
             c->req_len = n;
+        if (buf && all > REQ_CAP)
+            want_scan(conn_key(tgid, c->fd), buf, all);
         c->state = ST_READING;
     }
     c->bytes_in += ret;
@@ -162,13 +299,25 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
 
 static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, long ret)
 {
-    __u8 head[12] = {};
     __u64 len = 0, buf = first_buffer(a, &len);
-    if (buf && len >= sizeof(head) && ret >= sizeof(head))
-        bpf_probe_read_user(head, sizeof(head), (void *)buf);
+    __u16 status = status_sent(a, ret);
+    int final = is_final(status);
+    if (c->state == ST_RESPONDING && final && c->status) {
+        /* the next response begins: the requests were pipelined, and each
+         * is reported on its own, with the start of their common read */
+        report(c, END_RESPONSE);
+        c->pipeline++;
+        c->status = 0;
+        c->tp_len = c->ts_len = 0;
+        c->state = ST_READING;
+    }
     if (c->state != ST_RESPONDING) {
-        if (c->state == ST_IDLE) /* the server spoke first: no request */
+        if (c->state == ST_IDLE) { /* the server spoke first, or we missed the request */
             c->start_ns = a->enter_ns;
+            if (c->flags & CF_SEEDED)
+                c->flags |= CF_MISSED;
+            c->flags &= ~CF_SEEDED;
+        }
         __u64 n = ret < len ? ret : len;
         if (n > RESP_CAP)
             n = RESP_CAP;
@@ -176,14 +325,15 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
         if (buf && n > 0 && bpf_probe_read_user(c->resp, n, (void *)buf) == 0)
             c->resp_len = n;
         c->first_out_ns = a->enter_ns;
+        c->bytes_out = 0;
         c->state = ST_RESPONDING;
     }
-    __u16 status = status_of(head);
-    if (status) {
-        if (c->n_responses < MAX_PIPELINE)
-            c->statuses[c->n_responses & (MAX_PIPELINE - 1)] = status;
-        c->n_responses++;
+    if (final) {
+        c->status = status;
+        c->flags &= ~CF_INTERIM;
         count_status(tgid, status);
+    } else if (status && !c->status) {
+        c->flags |= CF_INTERIM;
     }
     /* chunked terminator "0\r\n\r\n" at the end of a flat write */
     __u8 tail[5] = {};
@@ -205,7 +355,10 @@ static __always_inline void on_accept(struct args *a, __u32 tgid, long fd)
     if (!c)
         return;
     if (conns.update(&key, c)) {
+        __u8 one = 1;
         count(C_CONN_OVERFLOW);
+        if (overflow.update(&key, &one))
+            count(C_UNCOUNTED);
         return;
     }
     c = conns.lookup(&key);
@@ -230,7 +383,7 @@ static __always_inline void on_accept(struct args *a, __u32 tgid, long fd)
 }
 
 /* Exit half: the syscall's result decides what happened. */
-static __always_inline int leave(long ret)
+static __always_inline int leave(void *ctx, long ret)
 {
     __u64 id = bpf_get_current_pid_tgid();
     __u32 tgid = id >> 32;
@@ -241,6 +394,10 @@ static __always_inline int leave(long ret)
         goto out;
     if (a->kind == K_ACCEPT) {
         on_accept(a, tgid, ret);
+        goto out;
+    }
+    if (a->kind & UNTRACKED) {
+        on_untracked_send(a, tgid, ret);
         goto out;
     }
     __u64 key = conn_key(tgid, a->fd);
@@ -257,44 +414,50 @@ static __always_inline int leave(long ret)
     __sync_fetch_and_add(&c->seq, 1);
 out:
     inflight.delete(&id);
+    int zero = 0;
+    struct scan_state *st = scan_states.lookup(&zero);
+    if (st && st->n) {
+        scan_prog.call(ctx, 0); /* does not return unless it failed */
+        st->n = 0;
+    }
     return 0;
 }
 
 /* Field names differ between syscalls; each pair names its own. */
 TRACEPOINT_PROBE(syscalls, sys_enter_read) { return enter(args->fd, args->buf, K_FLAT); }
-TRACEPOINT_PROBE(syscalls, sys_exit_read) { return leave(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_read) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { return enter(args->fd, args->ubuf, K_FLAT); }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { return leave(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_readv) { return enter(args->fd, args->vec, K_IOV); }
-TRACEPOINT_PROBE(syscalls, sys_exit_readv) { return leave(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_readv) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { return enter(args->fd, args->msg, K_MSG); }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { return leave(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_write) { return enter(args->fd, args->buf, K_FLAT | SEND); }
-TRACEPOINT_PROBE(syscalls, sys_exit_write) { return leave(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_write) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendto) { return enter(args->fd, args->buff, K_FLAT | SEND); }
-TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { return leave(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_writev) { return enter(args->fd, args->vec, K_IOV | SEND); }
-TRACEPOINT_PROBE(syscalls, sys_exit_writev) { return leave(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_writev) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { return enter(args->fd, args->msg, K_MSG | SEND); }
-TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { return leave(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendfile64) { return enter(args->out_fd, 0, K_NOCOPY | SEND); }
-TRACEPOINT_PROBE(syscalls, sys_exit_sendfile64) { return leave(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendfile64) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_accept) { return enter(args->fd, args->upeer_sockaddr, K_ACCEPT); }
 /* An accept that was already blocked when the process became tracked has no
  * entry half to remember; take its connection anyway (peer from the tuple). */
-static __always_inline int leave_accept(long ret)
+static __always_inline int leave_accept(void *ctx, long ret)
 {
     __u64 id = bpf_get_current_pid_tgid();
     struct args none = {.kind = K_ACCEPT};
     if (ret < 0 || inflight.lookup(&id) || !is_tracked(id >> 32))
-        return leave(ret);
+        return leave(ctx, ret);
     on_accept(&none, id >> 32, ret);
     return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_exit_accept) { return leave_accept(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_accept) { return leave_accept(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_accept4) { return enter(args->fd, args->upeer_sockaddr, K_ACCEPT); }
-TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { return leave_accept(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { return leave_accept(args, args->ret); }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_close)
 {
@@ -303,8 +466,10 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
         return 0;
     __u64 key = conn_key(tgid, args->fd);
     struct conn *c = conns.lookup(&key);
-    if (!c)
+    if (!c) {
+        overflow.delete(&key);
         return 0;
+    }
     if (c->state != ST_IDLE)
         report(c, END_CLOSE);
     conns.delete(&key);

@@ -4,6 +4,7 @@
  *
  * Load-time settings arrive as -D flags (see sitsprobe/probes/net.py):
  *   REQ_CAP, RESP_CAP    bytes of each request / response head captured
+ *   HEAD_SCAN            request head bytes searched for trace context headers
  *   MAX_CONNS            connections tracked at once
  *   RINGBUF_PAGES        exchange ring buffer size in pages (power of two)
  *   TCP_SENDMSG_HOOK     1 fentry, 2 kprobe, 3 tracepoint tcp:tcp_sendmsg_locked
@@ -15,7 +16,10 @@
 #define REQ_CAP 256
 #endif
 #ifndef RESP_CAP
-#define RESP_CAP 64
+#define RESP_CAP 256
+#endif
+#ifndef HEAD_SCAN
+#define HEAD_SCAN 8192
 #endif
 #ifndef MAX_CONNS
 #define MAX_CONNS 16384
@@ -27,7 +31,10 @@
 #define TCP_SENDMSG_HOOK 3
 #endif
 
-#define MAX_PIPELINE 4 /* response statuses kept per exchange */
+#define MAX_OVERFLOW 65536 /* connections the full conns table could not take, still counted */
+#define SCAN_CHUNK 256     /* HEAD_SCAN is searched this many bytes at a time */
+#define TP_CAP 64          /* bytes kept after "traceparent:" (the value is 55) */
+#define TS_CAP 128         /* bytes kept after "tracestate:" */
 
 /* struct conn.state */
 enum conn_state {
@@ -40,7 +47,9 @@ enum conn_state {
 #define CF_TUPLE 0x01     /* laddr/raddr/ports are valid */
 #define CF_TCP 0x02       /* tcp_sendmsg saw this socket: it is TCP */
 #define CF_CHUNK_END 0x04 /* the last send ended with the chunked terminator */
-#define CF_SEEDED 0x08    /* connection existed before the agent (from /proc) */
+#define CF_SEEDED 0x08    /* connection existed before the agent (from /proc), no exchange yet */
+#define CF_MISSED 0x10    /* the agent saw this exchange's response, not its request */
+#define CF_INTERIM 0x20   /* only an interim (1xx) response has been sent so far */
 
 /* struct exchange_event.reason: why the exchange was reported */
 enum end_reason {
@@ -48,6 +57,7 @@ enum end_reason {
     END_CLOSE = 2, /* the process closed the socket */
     END_FLUSH = 3, /* userspace: the connection went idle (not sent by BPF) */
     END_EXIT = 4,  /* userspace: the process exited (not sent by BPF) */
+    END_RESPONSE = 5, /* the next response began: pipelined requests, one event each */
 };
 
 /* index into the `counters` per-CPU array; exported as agent self-metrics */
@@ -57,7 +67,8 @@ enum counter {
     C_CONN_OVERFLOW = 2,  /* accepted connections not tracked: conns map full */
     C_NOTICES_LOST = 3,   /* exec/exit notices lost: notice ring full */
     C_INFLIGHT_LOST = 4,  /* syscalls not followed: inflight map full */
-    C_COUNTERS = 5,
+    C_UNCOUNTED = 5,      /* connections neither tracked nor counted: overflow map full too */
+    C_COUNTERS = 6,
 };
 
 struct tuple {
@@ -85,13 +96,17 @@ struct conn {
     __u8 flags;
     __u8 reason; /* enum end_reason, set on the reported copy */
     char comm[16];
-    __u16 n_responses; /* sends that began with "HTTP/1." in this exchange */
-    __u16 statuses[MAX_PIPELINE];
-    __u16 req_len;     /* bytes captured in req */
+    __u16 status;   /* HTTP/1.x status of the response, 0 if none began with a status line */
+    __u16 pipeline; /* responses already reported since this run of reads began */
+    __u16 req_len;  /* bytes captured in req */
     __u16 resp_len;
     __u32 seq; /* odd while an exchange is being updated: a reader's torn copy is detectable */
+    __u8 tp_len; /* bytes in tp: the request head had a "traceparent:" line past req */
+    __u8 ts_len; /* ... and "tracestate:" */
     __u8 req[REQ_CAP];
     __u8 resp[RESP_CAP];
+    __u8 tp[TP_CAP]; /* what followed the header name, up to the line end or TP_CAP */
+    __u8 ts[TS_CAP];
 };
 
 enum notice_kind { N_EXEC = 1, N_EXIT = 2 };
@@ -103,7 +118,8 @@ struct notice { /* bcc's ring-event decoder knows u32, not __u32 */
     char comm[16];
 };
 
-/* Exact in-kernel request count by process and HTTP status. */
+/* Exact in-kernel response count by process and HTTP status, tracked
+ * connections or not (untracked ones are also counted per process alone). */
 struct status_key {
     __u32 tgid;
     __u32 status;

@@ -14,15 +14,15 @@ from .clock import WallClock
 from .config import Config
 from .containers import Container, container_of
 from .errors import ProbeAttachError, SitsprobeError
-from .events import END_EXIT, Exchange, MarkerEvent, ProcessNotice
+from .events import Exchange, MarkerEvent, ProcessNotice
 from .export.otlp import TraceExporter
 from .export.prom import KernelMetrics, RequestMetrics, serve
 from .request import Request
 from .routes import RouteMapper
 from .sampling import TraceSampler
-from .cache.resp import resp_get_results
 from .stitch.engine import EngineJoin
-from .stitch.exchange import Stitcher, enrich
+from .stitch.exchange import Stitcher, enrich, exited
+from .stitch.protocols import resp
 
 log = logging.getLogger("sitsprobe")
 
@@ -49,10 +49,10 @@ class Agent:
         self.sampler = TraceSampler(config.traces.max_per_second, config.traces.keep_slowest)
         self.stitcher = Stitcher(
             RouteMapper(list(config.routes.templates), config.routes.collapse_ids,
-                        config.routes.max_routes),
-            config.stitch.idle_flush_ms * 1_000_000)
+                        config.routes.max_routes))
         self.engine = EngineJoin(config.engine.join_wait_ms * 1_000_000)
         self._redact = frozenset(config.capture.redact_headers)
+        self._keep_query = frozenset(config.capture.keep_query_params)
         self.tracked: dict[int, str] = {}  # pid -> comm
         self.names: dict[int, str] = {}  # every pid ever tracked -> comm, for metrics
         self.containers: dict[int, Container | None] = {}  # tracked pid -> its container
@@ -190,7 +190,7 @@ class Agent:
             lambda: {"seen": self.sampler.seen, "exported": self.sampler.exported,
                      "dropped": self.sampler.dropped,
                      "dropped_queue_full": self.exporter.dropped_by_queue},
-            lambda: dict(self.tracked), self.containers.get))
+            lambda: dict(self.tracked), self.containers.get, self.probe.untracked_counts))
 
     def _serve_metrics(self, registry: CollectorRegistry) -> None:
         m = self.config.metrics
@@ -220,10 +220,18 @@ class Agent:
         self.tracked[info.pid] = self.names[info.pid] = info.comm
         self.containers[info.pid] = container_of(info.pid)
         listening = procs.listening_ports(info.pid)
+        seeded = set()
         for fd, local, peer in procs.established(info.pid):
             if local.port in listening:  # a server-side connection made before we started
                 self.probe.seed(info.pid, fd, info.comm, local, peer)
-        log.info("tracking %s[%d]", info.comm, info.pid)
+                seeded.add(fd)
+        # threads already waiting in a read on them: their next request is framed too
+        reads = procs.blocked_reads(info.pid, seeded) if seeded else []
+        adopted = self.probe.adopt_reads(
+            info.pid, reads, lambda: procs.blocked_reads(info.pid, seeded)) if reads else 0
+        log.info("tracking %s[%d]%s", info.comm, info.pid,
+                 f": {len(seeded)} connection(s) from before, {adopted} read(s) in progress"
+                 if seeded else "")
 
     def _retire(self, pid: int) -> None:
         comm = self.tracked.pop(pid, None)
@@ -234,7 +242,7 @@ class Agent:
         if self.gpu is not None:
             self.gpu.forget(pid)
         for ex in self.probe.forget(pid):
-            self._take(ex, self.stitcher.on_flush(_exited(ex)))
+            self._take(ex, self.stitcher.on_flush(exited(ex), final=True))
         self.exporter.close_process(pid)
         if comm is not None:
             log.info("%s[%d] exited", comm, pid)
@@ -294,8 +302,8 @@ class Agent:
 
     def _take(self, ex: Exchange, requests: list[Request]) -> None:
         """Requests stitched from ex (none: a duplicate of one already reported)."""
-        if requests and self.config.cache.resp_mode and ex.req[:1] == b"*":  # RESP: Redis
-            for key, hit in resp_get_results(ex.req, ex.resp):
+        if self.config.cache.resp_mode and requests and requests[0].protocol == resp.NAME:
+            for key, hit in resp.resp_get_results(ex.req, ex.resp):
                 self.cache_stats.add("redis-resp", key, hit, ex.start_ns, ex.peer)
         self._emit(requests)
 
@@ -308,7 +316,7 @@ class Agent:
 
     def _enrich(self, r: Request) -> Request:
         """What only a traced request pays for: its headers, its GPU use."""
-        r = enrich(r, self._redact)
+        r = enrich(r, self._redact, self._keep_query)
         return r if self.gpu is None else self.gpu.attribute(r)
 
     def _release(self, requests: list[Request], now: int) -> None:
@@ -318,13 +326,15 @@ class Agent:
             for chosen in self.sampler.offer(r, now):
                 self.exporter.export(self._enrich(chosen))
 
-    def _flush_idle(self, now: int, everything: bool = False) -> dict[int, float]:
-        """Report responses that are done; return requests in flight by pid."""
+    def _flush(self, everything: bool = False) -> dict[int, float]:
+        """Report responses whose framing says they are done (with
+        ``everything``, all that are open, as they stand); return requests
+        in flight by pid."""
         in_flight: dict[int, float] = {}
         for ex, state in self.probe.open_exchanges():
-            if state == 2 and (everything or self.stitcher.due(ex, now)):
-                if requests := self.stitcher.on_flush(ex):  # none: reported on an earlier tick
-                    self._take(ex, requests)
+            if everything or (state == 2 and self.stitcher.due(ex)):
+                if requests := self.stitcher.on_flush(ex, final=everything):
+                    self._take(ex, requests)  # none: reported on an earlier tick
             else:
                 in_flight[ex.tgid] = in_flight.get(ex.tgid, 0) + 1
         return in_flight
@@ -333,7 +343,7 @@ class Agent:
 
     def run(self, stop: threading.Event, duration_s: float | None = None) -> None:
         deadline = time.monotonic() + duration_s if duration_s else None
-        flush_every = max(0.05, self.config.stitch.idle_flush_ms / 2000)
+        flush_every = self.config.stitch.flush_interval_ms / 1000
         rescan_every = self.config.select.rescan_interval_s
         next_flush = next_rescan = time.monotonic()
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -344,7 +354,7 @@ class Agent:
             self.probe.poll(50)
             now = time.monotonic()
             if now >= next_flush:
-                in_flight = self._flush_idle(time.monotonic_ns())
+                in_flight = self._flush()
                 self._engine_tick(time.monotonic_ns())
                 if self.gpu is not None:
                     self.gpu.tick(list(self.tracked), self._demand(in_flight))
@@ -379,7 +389,7 @@ class Agent:
             self.markers.poll(0)
         if self.probe is not None:
             self.probe.poll(0)
-            self._flush_idle(time.monotonic_ns(), everything=True)
+            self._flush(everything=True)
             self._engine_tick(time.monotonic_ns(), everything=True)
             for r in self.sampler.flush():
                 self.exporter.export(self._enrich(r))
@@ -404,6 +414,3 @@ class Agent:
             self.probe.close()
             self.probe = None
 
-
-def _exited(ex: Exchange) -> Exchange:
-    return ex._replace(reason=END_EXIT)

@@ -39,7 +39,7 @@ class Capture:
 
 @dataclass(frozen=True)
 class Stitch:
-    idle_flush_ms: int
+    flush_interval_ms: int
     max_connections: int
 
 
@@ -236,7 +236,7 @@ _RULES: dict[str, Rule] = {
     "capture.redact_headers": _list(_str("a non-empty header name", conv=str.lower)),
     "capture.keep_query_params": _list(_str("a non-empty parameter name")),
     "ring_buffer_mib": _int(1, 1024, pow2=True),
-    "stitch.idle_flush_ms": _int(10, 600000),
+    "stitch.flush_interval_ms": _int(10, 60000),
     "stitch.max_connections": _int(64, 1048576),
     "routes.templates": _list(_str('a string starting with "/"', lambda s: s.startswith("/"))),
     "routes.collapse_ids": _BOOL,

@@ -7,13 +7,15 @@ from typing import NamedTuple
 from .request import Endpoint
 
 # end reasons (bpf/sitsprobe.h enum end_reason)
-END_NEXT, END_CLOSE, END_FLUSH, END_EXIT = 1, 2, 3, 4
+END_NEXT, END_CLOSE, END_FLUSH, END_EXIT, END_RESPONSE = 1, 2, 3, 4, 5
 # connection flags (bpf/sitsprobe.h CF_*)
-CF_TUPLE, CF_TCP, CF_CHUNK_END, CF_SEEDED = 0x01, 0x02, 0x04, 0x08
+CF_TUPLE, CF_TCP, CF_CHUNK_END, CF_SEEDED, CF_MISSED, CF_INTERIM = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
 
 
 class Exchange(NamedTuple):
-    """A run of reads followed by a run of writes on one connection.
+    """A run of reads followed by a run of writes on one connection; with
+    pipelined HTTP requests, one response of such a run each (``pipeline``
+    counts the responses before it since the reads).
 
     Per-event records are NamedTuples: immutable like a frozen dataclass,
     and about ten times cheaper to build at this many fields."""
@@ -31,15 +33,17 @@ class Exchange(NamedTuple):
     flags: int
     local: Endpoint | None
     peer: Endpoint | None
-    statuses: tuple[int, ...]  # status of each response begun, first MAX_PIPELINE
-    n_responses: int  # all responses begun, even past MAX_PIPELINE
+    status: int  # HTTP/1.x status of the response, 0: none began with a status line
+    pipeline: int  # responses reported before this one since the run of reads began
     req: bytes  # first bytes of the request
     resp: bytes  # first bytes of the response
+    traceparent: bytes = b""  # what followed "traceparent:" in a head longer than req
+    tracestate: bytes = b""
 
     @property
-    def key(self) -> tuple[int, int, int]:
+    def key(self) -> tuple[int, int, int, int]:
         """Identifies one exchange across the ring and a userspace flush."""
-        return (self.tgid, self.fd, self.start_ns)
+        return (self.tgid, self.fd, self.start_ns, self.pipeline)
 
 
 @dataclass(frozen=True, slots=True)

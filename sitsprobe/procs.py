@@ -214,6 +214,49 @@ def established(pid: int, proc: str = "/proc") -> list[tuple[int, Endpoint, Endp
     return [(fd, row.local, row.remote) for fd, row in _owned(pid, proc, TCP_ESTABLISHED)]
 
 
+# Reads a thread may be blocked in, by syscall number: how it passes its buffer
+# (bpf/net.c enum call_kind: 1 flat buffer, 2 iovec array, 3 msghdr).
+READ_SYSCALLS = {
+    "x86_64": {0: 1, 45: 1, 19: 2, 47: 3},  # read, recvfrom, readv, recvmsg
+    "aarch64": {63: 1, 207: 1, 65: 2, 212: 3},
+}.get(os.uname().machine, {})
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedRead:
+    """A thread inside a read-like syscall on one of a process's fds."""
+
+    tid: int
+    fd: int
+    kind: int  # READ_SYSCALLS' value
+    buf: int  # the buffer (or iovec array, or msghdr) argument
+
+
+def blocked_reads(pid: int, fds: Container[int], proc: str = "/proc") -> list[BlockedRead]:
+    """The threads of ``pid`` blocked in a read on one of ``fds`` now, from
+    /proc/PID/task/TID/syscall ("nr arg0 arg1 ..." in hex while in a syscall).
+    A server thread waiting for the next request on a connection it took
+    before we looked is here: its read began before any probe could see it."""
+    out = []
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except _GONE:
+        return []
+    for tid in tids:
+        raw = _read(f"{proc}/{pid}/task/{tid}/syscall")
+        fields = raw.split() if raw else []
+        if len(fields) < 3 or not fields[0].isdigit() or not tid.isdigit():
+            continue  # "running", or not in a syscall ("-1 ...")
+        kind = READ_SYSCALLS.get(int(fields[0]))
+        try:
+            fd, buf = int(fields[1], 16), int(fields[2], 16)
+        except ValueError:
+            continue
+        if kind is not None and fd in fds:
+            out.append(BlockedRead(int(tid), fd, kind, buf))
+    return out
+
+
 def select(
     selector: Selector, proc: str = "/proc", need_ports: bool | None = None,
     known: Container[int] = (), memo: ListenMemo | None = None,

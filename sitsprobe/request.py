@@ -82,8 +82,10 @@ class Request(NamedTuple):
     """One request/response exchange on a server connection (a NamedTuple:
     immutable, and built for every request, so cheap to build).
 
-    ``protocol`` is ``"http/1.1"`` when the bytes framed as HTTP, else
-    ``"tcp"``: a connection-level exchange with no method, path or status.
+    ``protocol`` names the protocol that framed it (sitsprobe.stitch.protocols):
+    ``"http/1.1"``, ``"resp"``; or, for a connection-level exchange with no
+    method, path or status, what it looks like: ``"tls"``, ``"http2"``,
+    ``"unknown"``.
     """
 
     pid: int
@@ -109,6 +111,11 @@ class Request(NamedTuple):
     inference: Inference | None = None  # joined from the engine's markers
     gpu: GpuUse | None = None  # added to traced requests where the GPU layer runs
     transport: str | None = "tcp"  # None: not seen on TCP (a Unix socket, most likely)
+    direction: str = "server"  # "server": this process answered; "client": it asked
+    partial: str | None = None  # why the exchange is not framed whole (protocols' constants)
+    tracestate: str | None = None  # W3C tracestate, with the traceparent
+    trace_headers: tuple[bytes, bytes] | None = None  # (traceparent, tracestate) raw values the
+    # kernel found past the captured head, for enrich(); never exported
 
     @property
     def ttft_ns(self) -> int | None:

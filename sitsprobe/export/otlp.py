@@ -24,7 +24,8 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags,
+                                 TraceState)
 
 from sitsprobe import __version__
 from sitsprobe.clock import WallClock
@@ -32,15 +33,11 @@ from sitsprobe.containers import container_of
 from sitsprobe.errors import ConfigError
 from sitsprobe.request import Request
 
+from .semconv import span_attributes, span_kind, span_name
+
 log = logging.getLogger(__name__)
 
 PROTOCOLS = ("grpc", "http/protobuf")
-# RFC 9110 methods, PATCH and QUERY: the "known" methods of the HTTP conventions.
-KNOWN_METHODS = frozenset(
-    {"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "QUERY", "TRACE"}
-)
-# Query parameters whose values the conventions say to redact in url.query.
-SECRET_QUERY_KEYS = frozenset({"AWSAccessKeyId", "Signature", "sig", "X-Goog-Signature"})
 
 
 class TraceExporter:
@@ -91,7 +88,7 @@ class TraceExporter:
             span = self._process(req.pid, req.comm).tracer.start_span(
                 span_name(req),
                 context=parent,
-                kind=SpanKind.SERVER,
+                kind=span_kind(req),
                 attributes=span_attributes(req),
                 start_time=self._clock.to_wall_ns(req.start_ns),
             )
@@ -193,92 +190,14 @@ def agent_resource() -> Resource:
                             **{k: v for k, v in defaults.items() if k not in from_env}})
 
 
-def span_name(req: Request) -> str:
-    if req.protocol == "tcp":
-        return f"{req.comm} tcp exchange"
-    method = req.method if req.method in KNOWN_METHODS else "HTTP"
-    return f"{method} {req.route or req.path or 'unknown'}"
-
-
-def span_attributes(req: Request) -> dict[str, str | int | float | bool]:
-    attrs: dict[str, str | int | float | bool | None] = {
-        "process.pid": req.pid,
-        "sitsprobe.fd": req.fd,
-        "sitsprobe.complete": req.complete,
-        "network.transport": req.transport,  # None (not TCP) is left out below
-        "error.type": _error_type(req),
-    }
-    if req.first_out_ns is not None:
-        attrs["sitsprobe.time_to_first_byte_s"] = (req.first_out_ns - req.start_ns) / 1e9
-    if req.local is not None:
-        attrs["server.address"] = req.local.address
-        attrs["server.port"] = req.local.port
-    if req.peer is not None:
-        attrs["client.address"] = attrs["network.peer.address"] = req.peer.address
-        attrs["client.port"] = attrs["network.peer.port"] = req.peer.port
-    if req.protocol == "tcp":
-        attrs["sitsprobe.bytes_in"] = req.bytes_in
-        attrs["sitsprobe.bytes_out"] = req.bytes_out
-    else:
-        name, _, version = req.protocol.partition("/")
-        known = req.method is None or req.method in KNOWN_METHODS
-        attrs.update({
-            "http.request.method": req.method if known else "_OTHER",
-            "http.request.method_original": None if known else req.method,
-            "http.route": req.route,
-            "http.response.status_code": req.status,
-            "http.request.size": req.bytes_in,
-            "http.response.size": req.bytes_out,
-            "url.scheme": "http",
-            "url.path": req.path,
-            "url.query": _query(req.target),
-            "network.protocol.name": name,
-            "network.protocol.version": version or None,
-            "user_agent.original": req.user_agent,
-        })
-    if req.inference is not None:
-        attrs.update(_gen_ai_attributes(req))
-    if req.gpu is not None:
-        attrs.update(req.gpu.request)
-    return {k: v for k, v in attrs.items() if v is not None}
-
-
-def _gen_ai_attributes(req: Request) -> dict:
-    inf = req.inference
-    chat = (req.path or "").endswith("/chat/completions")
-    ttft, tpot = req.ttft_ns, req.tpot_ns
-    return {
-        "gen_ai.operation.name": "chat" if chat else "text_completion",
-        "gen_ai.request.model": inf.model or None,
-        "gen_ai.usage.input_tokens": inf.input_tokens,
-        "gen_ai.usage.output_tokens": inf.output_tokens,
-        "gen_ai.server.time_to_first_token": None if ttft is None else ttft / 1e9,
-        "gen_ai.server.time_per_output_token": None if tpot is None else tpot / 1e9,
-        "sitsprobe.engine.request_id": inf.request_id,
-        "sitsprobe.kv_cache.peak_bytes": inf.kv_bytes,
-    }
-
-
-def _error_type(req: Request) -> str | None:
-    if req.status is not None and req.status >= 500:
-        return str(req.status)
-    return None if req.complete else "incomplete"
-
-
-def _query(target: str | None) -> str | None:
-    query = (target or "").partition("?")[2]
-    if not query:
-        return None
-    params = (p.partition("=") for p in query.split("&"))
-    return "&".join(k + s + ("REDACTED" if k in SECRET_QUERY_KEYS else v) for k, s, v in params)
-
-
 def _remote_parent(req: Request) -> SpanContext:
     """The caller's span from its traceparent; an invalid one (a new root) without."""
     tp = req.traceparent
     if tp is None:
         return trace.INVALID_SPAN_CONTEXT
-    return SpanContext(tp.trace_id, tp.span_id, is_remote=True, trace_flags=TraceFlags(tp.flags))
+    state = TraceState.from_header([req.tracestate]) if req.tracestate else None
+    return SpanContext(tp.trace_id, tp.span_id, is_remote=True, trace_flags=TraceFlags(tp.flags),
+                       trace_state=state)
 
 
 def _resolve_protocol(arg: str | None) -> str:

@@ -13,6 +13,7 @@ from prometheus_client.exposition import MetricsHandler
 
 from ..containers import Container
 from ..request import Request
+from .semconv import HTTP_DURATION, UNFRAMED_EXCHANGES, is_http, is_unframed
 
 # OpenTelemetry's advice for http.server.request.duration, in seconds
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -67,17 +68,21 @@ class RequestMetrics:
     def __init__(self):
         self._lock = threading.Lock()
         self._http = Histograms(
-            "http_server_request_duration_seconds",
+            HTTP_DURATION,
             "Duration of HTTP server requests, first byte in to last byte out, seen in the kernel",
             ("process", "method", "route", "status"), DURATION_BUCKETS)
         self._bytes: dict[tuple[str, str], list[int]] = {}
+        self._unframed: dict[tuple[str, str], int] = {}
         self._engine = EngineMetrics()
 
     def observe(self, r: Request) -> None:
-        labels = (r.comm, r.method or "_OTHER" if r.protocol != "tcp" else "",
-                  r.route or "", str(r.status) if r.status else "")
         with self._lock:
-            self._http.observe(labels, r.duration_ns / 1e9)
+            if is_http(r):
+                labels = (r.comm, r.method or "_OTHER", r.route or "", str(r.status) if r.status else "")
+                self._http.observe(labels, r.duration_ns / 1e9)
+            elif is_unframed(r):
+                key = (r.comm, r.protocol)
+                self._unframed[key] = self._unframed.get(key, 0) + 1
             if r.inference is not None:
                 self._engine.observe(r)
             b = self._bytes.get((r.comm, r.protocol))
@@ -108,7 +113,12 @@ class RequestMetrics:
         size_out = CounterMetricFamily("sitsprobe_response_bytes", "Bytes sent in responses",
                                        labels=("process", "protocol"))
         stitched = CounterMetricFamily("sitsprobe_requests_stitched",
-                                       "Requests stitched from kernel events (HTTP and connection-level)",
+                                       "Requests stitched from kernel events (every protocol, "
+                                       "and connection-level exchanges)",
+                                       labels=("process", "protocol"))
+        unframed = CounterMetricFamily(UNFRAMED_EXCHANGES,
+                                       "Exchanges no protocol framed, by what they look like "
+                                       "(tls, http2, unknown): never in the HTTP metrics",
                                        labels=("process", "protocol"))
         with self._lock:
             families = [self._http.family(), *self._engine.families()]
@@ -116,7 +126,9 @@ class RequestMetrics:
                 size_in.add_metric([comm, proto], bin_)
                 size_out.add_metric([comm, proto], bout)
                 stitched.add_metric([comm, proto], n)
-        yield from (*families, size_in, size_out, stitched)
+            for (comm, proto), n in self._unframed.items():
+                unframed.add_metric([comm, proto], n)
+        yield from (*families, size_in, size_out, stitched, unframed)
 
 
 class EngineMetrics:
@@ -164,6 +176,7 @@ class KernelMetrics:
     """Counts the kernel keeps, read at scrape time (no per-event cost)."""
 
     LOSS = {"lost": "ring_buffer_full", "conn_overflow": "connection_table_full",
+            "uncounted": "connection_tables_full_uncounted",
             "notices_lost": "notice_ring_full", "inflight_lost": "inflight_table_full",
             "marker_lost": "marker_ring_full", "marker_batch_ids_dropped": "marker_batch_ids_dropped"}
 
@@ -173,8 +186,9 @@ class KernelMetrics:
                  gauges: Callable[[], dict[str, float]],
                  sampler_counts: Callable[[], dict[str, int]],
                  tracked: Callable[[], dict[int, str]],
-                 container: Callable[[int], Container | None] = lambda pid: None):
-        self._counters, self._status = counters, status_counts
+                 container: Callable[[int], Container | None] = lambda pid: None,
+                 untracked: Callable[[], dict[int, int]] = dict):
+        self._counters, self._status, self._untracked = counters, status_counts, untracked
         self._name, self._gauges, self._sampler = process_name, gauges, sampler_counts
         self._tracked, self._container = tracked, container
 
@@ -186,6 +200,13 @@ class KernelMetrics:
         for (tgid, status), n in sorted(self._status().items()):
             requests.add_metric([str(tgid), self._name(tgid), str(status)], n)
         yield requests
+        untracked = CounterMetricFamily(
+            "sitsprobe_http_server_requests_untracked",
+            "HTTP responses sent on connections the full connection table could not track: "
+            "counted above, never stitched (stitch.max_connections)", labels=("pid", "process"))
+        for tgid, n in sorted(self._untracked().items()):
+            untracked.add_metric([str(tgid), self._name(tgid)], n)
+        yield untracked
         c = self._counters()
         yield CounterMetricFamily("sitsprobe_events_received", "Exchange events submitted by the kernel",
                                   value=c["exchanges"])

@@ -4,12 +4,14 @@ from __future__ import annotations
 import ctypes as ct
 import socket
 import struct
+import time
 from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
 from operator import itemgetter
 from pathlib import Path
 
+from ..procs import BlockedRead
 from ..events import CF_SEEDED, CF_TUPLE, END_FLUSH, Exchange, ProcessNotice
 from ..request import Endpoint
 from .hooks import FENTRY, KPROBE, TRACEPOINT, Hook
@@ -20,7 +22,7 @@ from .ring import DrainBudget
 # bpf/sitsprobe.h
 ST_IDLE, ST_READING, ST_RESPONDING = 0, 1, 2
 BPF_NOEXIST = 1  # map update flag: create only
-COUNTERS = ("exchanges", "lost", "conn_overflow", "notices_lost", "inflight_lost")
+COUNTERS = ("exchanges", "lost", "conn_overflow", "notices_lost", "inflight_lost", "uncounted")
 _HOOK_CODE = {FENTRY: 1, KPROBE: 2, TRACEPOINT: 3}
 _KEY = struct.Struct("=Q")  # conns key: tgid << 32 | fd
 _FAMILIES = {socket.AF_INET: (socket.AF_INET, 4), socket.AF_INET6: (socket.AF_INET6, 16)}
@@ -73,8 +75,8 @@ class ExchangeDecoder:
 
     _FIELDS = ("tgid", "fd", "comm", "reason", "start_ns", "last_in_ns", "first_out_ns",
                "last_out_ns", "bytes_in", "bytes_out", "flags", "t.family", "t.laddr",
-               "t.lport", "t.raddr", "t.rport", "n_responses", "statuses", "req_len",
-               "resp_len", "req", "resp")
+               "t.lport", "t.raddr", "t.rport", "status", "pipeline", "req_len",
+               "resp_len", "req", "resp", "tp_len", "tp", "ts_len", "ts")
 
     def __init__(self, conn_type):
         self.layout = layout = Layout(conn_type)
@@ -90,8 +92,8 @@ class ExchangeDecoder:
     def values(self, v: tuple, reason: int | None = None) -> Exchange:
         """An Exchange from a conn already unpacked (by iter_unpack)."""
         (tgid, fd, comm, reported, start_ns, last_in_ns, first_out_ns, last_out_ns, bytes_in,
-         bytes_out, flags, family, laddr, lport, raddr, rport, n, statuses, req_len, resp_len,
-         req, resp) = self._pick(v)
+         bytes_out, flags, family, laddr, lport, raddr, rport, status, pipeline, req_len, resp_len,
+         req, resp, tp_len, tp, ts_len, ts) = self._pick(v)
         return Exchange(
             tgid=tgid, fd=fd, comm=_comm(comm),
             reason=reported if reason is None else reason,
@@ -100,8 +102,9 @@ class ExchangeDecoder:
             bytes_in=bytes_in, bytes_out=bytes_out, flags=flags,
             local=_endpoint(family, laddr, lport) if flags & CF_TUPLE else None,
             peer=_endpoint(family, raddr, rport) if flags & CF_TUPLE or family else None,
-            statuses=statuses[:n], n_responses=n,
+            status=status, pipeline=pipeline,
             req=req[:req_len], resp=resp[:resp_len],
+            traceparent=tp[:tp_len], tracestate=ts[:ts_len],
         )
 
 
@@ -113,14 +116,18 @@ class NetProbe:
         from bcc import BPF  # the probes layer is the only one that imports bcc
 
         self._bpf = BPF(src_file=str(bpf_dir() / "net.c").encode(), cflags=flags)
+        scan = self._bpf.load_func(b"scan_head", BPF.TRACEPOINT)  # tail-called, never attached
+        self._bpf[b"scan_prog"][ct.c_int(0)] = ct.c_int(scan.fd)
         self._conns = self._bpf["conns"]
         self._tracked = self._bpf["tracked"]
         self._conn_type = self._conns.Leaf
         self._decode = decode = ExchangeDecoder(self._conn_type)
         self._copy = MapCopy(self._conns, "conns")
         # a quiet keep-alive connection stays in the map for good: the flush tick
-        # glances at (state, seq) and decodes only entries that changed since
-        self._glance = self._decode.layout.subset("state", "seq")
+        # glances at (start_ns, state, seq) and decodes only entries that
+        # changed since. start_ns tells a new connection on the same fd from
+        # the old one, whose seq may have been the same.
+        self._glance = self._decode.layout.subset("start_ns", "state", "seq")
         self._last_seen: dict[int, tuple[int, Exchange]] = {}  # key -> (seq, decoded)
         self._notice_map = self._bpf["notices"]
 
@@ -161,6 +168,22 @@ class NetProbe:
 
         lib.bpf_update_elem(self._conns.map_fd, ct.byref(key), ct.byref(c), BPF_NOEXIST)
 
+    def adopt_reads(self, tgid: int, reads: list[BlockedRead], still: Callable[[], list[BlockedRead]]) -> int:
+        """Follow reads that began before the process was tracked (a thread
+        blocked on a seeded connection): give each the entry record its
+        syscall's enter half would have made, so its exit frames the request.
+        ``still()`` reads them again: a thread that returned meanwhile leaves
+        a record no syscall of its own will take, which is removed."""
+        inflight = self._bpf["inflight"]
+        now = time.monotonic_ns()
+        for r in reads:
+            inflight[inflight.Key((tgid << 32) | r.tid)] = inflight.Leaf(r.buf, now, r.fd, r.kind)
+        waiting = set(still())
+        for r in reads:
+            if r not in waiting:
+                inflight.pop(inflight.Key((tgid << 32) | r.tid), None)
+        return len(waiting & set(reads))
+
     def poll(self, timeout_ms: int) -> None:
         """Wait up to timeout_ms (exchanges never wake us: a wakeup per event
         would cost the traced server microseconds per request), then drain."""
@@ -183,17 +206,17 @@ class NetProbe:
         size, last, now = self._decode.size, self._last_seen, {}
         out = []
         glance = zip(_KEY.iter_unpack(keys), self._glance.iter_unpack(values))
-        for i, ((key,), (state, seq)) in enumerate(glance):
+        for i, ((key,), (start, state, seq)) in enumerate(glance):
             if state == ST_IDLE:
                 continue
             seen = last.get(key)
-            if seen is not None and seen[0] == seq and not seq % 2:
+            if seen is not None and seen[0] == (start, seq) and not seq % 2:
                 ex = seen[1]  # untouched since the last tick: settled, and already decoded
             else:
                 ex = self._decode(values[i * size:(i + 1) * size], END_FLUSH)
                 if state == ST_RESPONDING and not self._settled(key, seq):
                     state = ST_READING
-            now[key] = (seq, ex)
+            now[key] = ((start, seq), ex)
             out.append((ex, state))
         self._last_seen = now
         return out
@@ -224,6 +247,10 @@ class NetProbe:
     def counters(self) -> dict[str, int]:
         table = self._bpf["counters"]
         return {name: sum(table[ct.c_int(i)]) for i, name in enumerate(COUNTERS)}
+
+    def untracked_counts(self) -> dict[int, int]:
+        """HTTP responses counted on connections the full table could not take, by tgid."""
+        return {k.value: sum(v) for k, v in self._bpf["untracked"].items()}
 
     def status_counts(self) -> dict[tuple[int, int], int]:
         """Exact in-kernel HTTP response counts by (tgid, status)."""

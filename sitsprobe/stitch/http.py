@@ -8,7 +8,7 @@ LF is accepted as a line end as well as CRLF.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sitsprobe.request import TraceParent
 
@@ -42,6 +42,7 @@ class RequestHead:
     content_length: int | None
     chunked: bool
     traceparent: TraceParent | None
+    size: int | None = None  # head and Content-Length body in bytes, when both are known
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,7 @@ class ResponseHead:
     content_length: int | None
     chunked: bool
     event_stream: bool  # Content-Type text/event-stream (server-sent events)
+    head_size: int | None = None  # bytes up to and including the blank line, if captured
 
 
 def looks_like_request(data: bytes) -> bool:
@@ -91,8 +93,11 @@ def parse_request_heads(data: bytes, limit: int = 16) -> list[RequestHead]:
         head, end = _request(data, pos)
         if head is None:
             break
+        chunked = "transfer-encoding" in head.headers
+        if end >= 0 and not chunked:
+            head = replace(head, size=end - pos + (head.content_length or 0))
         heads.append(head)
-        if end < 0 or "transfer-encoding" in head.headers:
+        if end < 0 or chunked:
             break
         pos = end + (head.content_length or 0)
     return heads
@@ -161,6 +166,7 @@ def parse_response_head(data: bytes) -> ResponseHead | None:
         content_length=_content_length(headers),
         chunked=_chunked(headers),
         event_stream=headers.get("content-type", "").lower().startswith("text/event-stream"),
+        head_size=end if end >= 0 else None,
     )
 
 

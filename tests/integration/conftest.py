@@ -2,6 +2,7 @@
 module, real servers it picks up after it started, a real OTLP receiver."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -124,18 +125,26 @@ def agent(request, tmp_path_factory):
     """The agent, configured for the module; a module may set AGENT_TRACES or
     AGENT_SELECT to override those sections (a sampling budget, a selector)."""
     require_root()
-    d = tmp_path_factory.mktemp("agent")
+    with running_agent(tmp_path_factory.mktemp("agent"), getattr(request.module, "AGENT_SELECT", {}),
+                       getattr(request.module, "AGENT_TRACES", {}),
+                       getattr(request.module, "AGENT_EXTRA", {})) as handle:
+        yield handle
+
+
+@contextlib.contextmanager
+def running_agent(d: Path, select: dict, traces: dict, extra: dict):
+    """The agent (the CLI, as a subprocess) with its config, trace file and log in d,
+    once its /healthz says ready; `select`, `traces` and `extra` override the defaults."""
     metrics_port = free_port()
     with GrpcOtlpReceiver() as receiver:
         config = {
-            "select": {"cmdline": [TAG], "comms": ["nginx"], "rescan_interval_s": 0.2,
-                       **getattr(request.module, "AGENT_SELECT", {})},
-            "stitch": {"idle_flush_ms": 100},
+            "select": {"cmdline": [TAG], "comms": ["nginx"], "rescan_interval_s": 0.2, **select},
+            "stitch": {"flush_interval_ms": 50},
             "traces": {"file": str(d / "traces.jsonl"), "otlp_endpoint": receiver.endpoint,
-                       "max_per_second": 0, **getattr(request.module, "AGENT_TRACES", {})},
+                       "max_per_second": 0, **traces},
             "metrics": {"address": "127.0.0.1", "port": metrics_port},
             "ring_buffer_mib": 64,
-            **getattr(request.module, "AGENT_EXTRA", {}),
+            **extra,
         }
         (d / "sitsprobe.yaml").write_text(yaml.safe_dump(config))
         log = d / "agent.log"

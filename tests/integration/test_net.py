@@ -202,7 +202,7 @@ def test_garbage_and_a_process_dying_mid_request_leave_the_agent_counting(agent)
         hang.close()
         spans = agent.traces.wait_for_port(server.port, 2)
     by_proto = {s["attrs"].get("url.path", "tcp"): s for s in spans}
-    assert by_proto["tcp"]["name"].endswith("tcp exchange")
+    assert by_proto["tcp"]["name"].endswith("unknown exchange")
     assert by_proto["/hang"]["status"]["code"] == 2  # ERROR: never answered
     assert by_proto["/hang"]["attrs"]["sitsprobe.complete"] is False
     wait_until(lambda: not agent.tracks(server.pid), 5, "the dead server to be retired")

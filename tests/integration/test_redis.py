@@ -1,7 +1,7 @@
 """Cache probes on a real Redis: what the uprobe counts equals the client's own
 tally and Redis's INFO stats (keyspace_hits/misses) exactly, per key prefix and
 per client; through a Redis started before the probe, one started after it,
-and a restart. The probe-free side (sitsprobe.cache.resp) is fed the exact
+and a restart. The probe-free side (sitsprobe.stitch.protocols.resp) is fed the exact
 bytes each raw RESP client sent and received, and must agree with the probe.
 """
 from __future__ import annotations
@@ -18,7 +18,8 @@ from collections import Counter
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sitsprobe.cache import CacheStats, KeyLookup, redis_spec, resp_get_results
+from sitsprobe.cache import CacheStats, KeyLookup, redis_spec
+from sitsprobe.stitch.protocols.resp import resp_get_results
 from sitsprobe.request import Endpoint
 
 from .conftest import free_port, wait_until

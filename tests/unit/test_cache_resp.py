@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from sitsprobe.cache.resp import resp_get_results
+from sitsprobe.stitch.protocols.resp import resp_get_results
 
 
 def cmd(*args: bytes) -> bytes:

@@ -103,6 +103,9 @@ class FakeNetProbe:
     def status_counts(self) -> dict[tuple[int, int], int]:
         return {(PID, 200): 40, (PID, 503): 2}
 
+    def untracked_counts(self) -> dict[int, int]:
+        return {PID: 3}
+
 
 class FakeMarkerProbe:
     def counters(self) -> dict[str, int]:
@@ -210,7 +213,7 @@ def agent_registry() -> CollectorRegistry:
 
     now = 100 * S
     agent._release([inference_request(now), inference_request(now + S, status=503),
-                     inference_request(now + 2 * S, protocol="tcp", method=None, route=None,
+                     inference_request(now + 2 * S, protocol="tls", method=None, route=None,
                                        status=None, inference=None)], now + 3 * S)
     agent.metrics.observe_batches([1, 2, 4])
     for key, hit, peer in ((b"user:1", True, Endpoint("10.1.2.3", 5000)),

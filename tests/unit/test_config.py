@@ -35,12 +35,12 @@ def test_defaults_load():
     assert isinstance(c, Config)
     assert c.select.pids == () and c.select.comms == () and c.select.cmdline == () and c.select.ports == ()
     assert c.select.rescan_interval_s == 1.0 and isinstance(c.select.rescan_interval_s, float)
-    assert c.capture.request_bytes == 256 and c.capture.response_bytes == 64
+    assert c.capture.request_bytes == 256 and c.capture.response_bytes == 256
     assert c.capture.redact_headers == ("authorization", "cookie", "set-cookie",
                                         "proxy-authorization", "x-api-key")
     assert c.capture.keep_query_params == ()  # every query value is redacted
     assert c.ring_buffer_mib == 64
-    assert (c.stitch.idle_flush_ms, c.stitch.max_connections) == (500, 16384)
+    assert (c.stitch.flush_interval_ms, c.stitch.max_connections) == (250, 16384)
     assert c.routes.templates == () and c.routes.collapse_ids is True and c.routes.max_routes == 500
     assert c.traces.file is None and c.traces.otlp_endpoint is None and c.traces.otlp_protocol is None
     assert (c.traces.max_per_second, c.traces.keep_slowest) == (200, 20)
@@ -118,18 +118,18 @@ def test_dotted_overrides_beat_file(tmp_path):
 
 
 def test_override_whole_section_and_null():
-    c = load(None, {"stitch": {"idle_flush_ms": 20}, "traces.file": None})
-    assert c.stitch.idle_flush_ms == 20 and c.stitch.max_connections == 16384
+    c = load(None, {"stitch": {"flush_interval_ms": 20}, "traces.file": None})
+    assert c.stitch.flush_interval_ms == 20 and c.stitch.max_connections == 16384
     assert c.traces.file is None
 
 
 # --- errors -------------------------------------------------------------------
 
 def test_unknown_key_with_suggestion(tmp_path):
-    e = error(tmp_path, "stitch:\n  idle_flush: 10\n")
-    assert str(e) == (f"{tmp_path / 'sitsprobe.yaml'}: stitch.idle_flush: unknown key "
-                      "(expected one of: idle_flush_ms, max_connections); did you mean idle_flush_ms?")
-    assert e.key == "stitch.idle_flush"
+    e = error(tmp_path, "stitch:\n  flush_interval: 10\n")
+    assert str(e) == (f"{tmp_path / 'sitsprobe.yaml'}: stitch.flush_interval: unknown key "
+                      "(expected one of: flush_interval_ms, max_connections); did you mean flush_interval_ms?")
+    assert e.key == "stitch.flush_interval"
 
 
 def test_unknown_top_level_key_with_suggestion(tmp_path):
@@ -144,14 +144,14 @@ def test_unknown_key_without_close_match(tmp_path):
 
 
 def test_dotted_key_in_file_is_unknown(tmp_path):
-    assert "stitch.idle_flush_ms: unknown key" in str(error(tmp_path, "stitch.idle_flush_ms: 10\n"))
+    assert "stitch.flush_interval_ms: unknown key" in str(error(tmp_path, "stitch.flush_interval_ms: 10\n"))
 
 
 def test_unknown_override_key():
-    e = error(overrides={"stitch.idle_flush": 10})
-    assert str(e).startswith("<command line>: stitch.idle_flush: unknown key (expected one of: "
-                             "idle_flush_ms, max_connections)")
-    assert "did you mean idle_flush_ms?" in str(e)
+    e = error(overrides={"stitch.flush_interval": 10})
+    assert str(e).startswith("<command line>: stitch.flush_interval: unknown key (expected one of: "
+                             "flush_interval_ms, max_connections)")
+    assert "did you mean flush_interval_ms?" in str(e)
     assert "unknown key" in str(error(overrides={"nosuch.thing": 1}))
 
 

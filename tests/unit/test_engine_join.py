@@ -139,9 +139,9 @@ def test_an_idle_exchange_is_reported_once_however_often_it_is_flushed():
 
     ex = Exchange(tgid=1, fd=3, comm="redis-server", reason=3, start_ns=10, last_in_ns=10,
                   first_out_ns=20, last_out_ns=30, bytes_in=20, bytes_out=5, flags=3, local=None,
-                  peer=None, statuses=(), n_responses=0, req=b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n",
+                  peer=None, status=0, pipeline=0, req=b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n",
                   resp=b"$-1\r\n")
-    st = Stitcher(RouteMapper(), idle_flush_ns=1)
+    st = Stitcher(RouteMapper())
     assert len(st.on_flush(ex)) == 1
     assert st.on_flush(ex) == [] and st.on_flush(ex) == []
     assert st.on_exchange(ex._replace(reason=1)) == []  # the kernel's own copy, later

@@ -43,7 +43,7 @@ REALISTIC = {
         "capture": {"request_bytes": 512, "redact_headers": ["authorization", "x-tenant-token"],
                     "keep_query_params": ["stream"]},
         "ring_buffer_mib": 128,
-        "stitch": {"max_connections": 1048576, "idle_flush_ms": 250},
+        "stitch": {"max_connections": 1048576, "flush_interval_ms": 100},
         "routes": {"templates": ["/v1/models/{model}"], "max_routes": 2000},
         "traces": {"max_per_second": 500, "otlp_protocol": "grpc", "metrics_interval_s": 15},
         "metrics": {"port": 9300},

@@ -319,6 +319,7 @@ def test_response_200_with_headers():
         content_length=42,
         chunked=False,
         event_stream=False,
+        head_size=88,  # through the blank line: the body starts here
     )
 
 

@@ -205,7 +205,7 @@ def test_errors_and_other_shapes(clock, tmp_path):
         request(status=404),
         request(status=None, complete=False, first_out_ns=None, end_ns=5_000_000_000),
         request(method="PURGE", route=None, target="/cache?sig=abc&x=1", path="/cache"),
-        request(protocol="tcp", method=None, target=None, path=None, route=None, status=None, user_agent=None),
+        request(protocol="unknown", method=None, target=None, path=None, route=None, status=None, user_agent=None),
         request(transport=None, local=None, peer=None),
     )
     spans = [s for _, s in file_spans(path)]
@@ -221,10 +221,11 @@ def test_errors_and_other_shapes(clock, tmp_path):
     assert purge[0]["name"] == "HTTP /cache"
     assert purge[1]["http.request.method"] == "_OTHER"
     assert purge[1]["http.request.method_original"] == "PURGE"
-    assert purge[1]["url.query"] == "sig=REDACTED&x=1"
+    assert purge[1]["url.query"] == "sig=abc&x=1"  # as given: enrich() redacts before export
     assert "http.route" not in purge[1]
 
-    assert tcp[0]["name"] == "vllm tcp exchange"
+    assert tcp[0]["name"] == "vllm unknown exchange"
+    assert tcp[1]["sitsprobe.protocol"] == "unknown"
     assert tcp[1]["sitsprobe.bytes_in"] == "310"
     assert not any(k.startswith(("http.", "url.", "user_agent.")) for k in tcp[1])
     assert tcp[1]["network.transport"] == "tcp"
@@ -470,7 +471,7 @@ def test_otlp_json_equals_the_sdk_encoding_for_exported_requests(clock):
         exporter,
         request(traceparent=TraceParent(CALLER_TRACE, CALLER_SPAN, 1)),
         request(pid=7, comm="sglang", status=503),
-        request(protocol="tcp", method=None, target=None, path=None, route=None, status=None, user_agent=None),
+        request(protocol="unknown", method=None, target=None, path=None, route=None, status=None, user_agent=None),
         request(pid=7, comm="sglang", complete=False, status=None, first_out_ns=None),
     )
     assert len(sink.spans) == 4

@@ -1,16 +1,17 @@
-"""Stitcher: kernel exchanges -> Requests, without a kernel."""
+"""Stitcher: kernel exchanges -> Requests through their protocol, without a kernel."""
 from __future__ import annotations
 
-import pytest
-
-from sitsprobe.events import CF_TCP, CF_TUPLE, END_CLOSE, END_FLUSH, END_NEXT, Exchange
+from sitsprobe.events import (CF_CHUNK_END, CF_MISSED, CF_TCP, CF_TUPLE, END_CLOSE, END_FLUSH,
+                              END_NEXT, END_RESPONSE, Exchange)
 from sitsprobe.request import Endpoint
 from sitsprobe.routes import RouteMapper
-from sitsprobe.stitch.exchange import Stitcher
+from sitsprobe.stitch.exchange import Stitcher, enrich
+from sitsprobe.stitch.protocols import http1, opaque, protocol_of
 
 REQ = b"GET /v1/models/7?x=1 HTTP/1.1\r\nHost: a\r\nUser-Agent: t/1\r\n\r\n"
 RESP = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
 LOCAL, PEER = Endpoint("10.0.0.1", 8000), Endpoint("10.0.0.2", 41234)
+TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def exchange(req=REQ, resp=RESP, flags=CF_TUPLE | CF_TCP, answered=True, **kw) -> Exchange:
@@ -18,13 +19,13 @@ def exchange(req=REQ, resp=RESP, flags=CF_TUPLE | CF_TCP, answered=True, **kw) -
                   first_out_ns=2_000 if answered else 0, last_out_ns=3_000 if answered else 0,
                   bytes_in=len(req), bytes_out=len(resp) if answered else 0, flags=flags,
                   local=LOCAL if flags & CF_TUPLE else None, peer=PEER if flags & CF_TUPLE else None,
-                  statuses=(404,) if answered else (), n_responses=1 if answered else 0,
+                  status=404 if answered else 0, pipeline=0,
                   req=req, resp=resp if answered else b"")
     return Exchange(**(fields | kw))
 
 
 def stitcher() -> Stitcher:
-    return Stitcher(RouteMapper([], True, 500), 500_000_000)
+    return Stitcher(RouteMapper([], True, 500))
 
 
 def test_one_request_fields():
@@ -34,16 +35,43 @@ def test_one_request_fields():
                                                                 "/v1/models/{id}", 404)
     assert (r.bytes_in, r.bytes_out, r.local, r.peer) == (len(REQ), len(RESP), LOCAL, PEER)
     assert (r.protocol, r.transport, r.complete, r.head) == ("http/1.1", "tcp", True, REQ)
-    assert (r.inference, r.gpu, r.user_agent, r.traceparent) == (None, None, None, None)
+    assert (r.inference, r.gpu, r.user_agent, r.traceparent, r.partial) == (None,) * 5
+    assert r.direction == "server"
 
 
 def test_the_fast_path_agrees_with_the_general_one():
-    """One request is built by position; the same request among pipelined ones
-    goes through the keyword path. Their fields must agree."""
+    """One request is built by position; the first of pipelined ones goes
+    through the keyword path. Their fields must agree."""
     (fast,) = stitcher().on_exchange(exchange())
-    general = stitcher().on_exchange(exchange(req=REQ + REQ, statuses=(404, 404), n_responses=2))[0]
+    (general,) = stitcher().on_exchange(exchange(req=REQ + REQ, reason=END_RESPONSE))
     differ = {f for f in fast._fields if getattr(fast, f) != getattr(general, f)}
-    assert differ == {"bytes_out", "user_agent", "head"}  # a share of the bytes; headers parsed
+    assert differ == {"user_agent", "head", "trace_headers"}  # headers parsed, nothing left to parse
+    assert general.bytes_in == len(REQ)  # its own size, not the run's
+
+
+def test_pipelined_responses_each_get_their_own_request_status_and_size():
+    burst = REQ.replace(b"7?x=1", b"1") + REQ.replace(b"7?x=1", b"2") + REQ.replace(b"7?x=1", b"3")
+    s = stitcher()
+    out = []
+    for i, status in enumerate((200, 404, 503)):
+        resp = f"HTTP/1.1 {status} X\r\nContent-Length: 2\r\n\r\nok".encode()
+        out += s.on_exchange(exchange(req=burst[:110], resp=resp, status=status, pipeline=i,
+                                      reason=END_RESPONSE if i < 2 else END_NEXT,
+                                      first_out_ns=2_000 + i, last_out_ns=2_500 + i))
+    assert [(r.path, r.status, r.end_ns) for r in out[:2]] == [("/v1/models/1", 200, 2_500),
+                                                              ("/v1/models/2", 404, 2_501)]
+    assert [r.bytes_in for r in out[:2]] == [len(REQ) - 4] * 2
+    # the third head lay past the bytes captured: its status is known, its request is not
+    third = out[2]
+    assert (third.method, third.status, third.partial) == (None, 503, http1.HEAD_NOT_CAPTURED)
+    assert third.start_ns == out[0].start_ns  # all arrived in one read
+
+
+def test_a_response_whose_request_the_agent_missed_says_so():
+    ex = exchange(req=b"", bytes_in=0, flags=CF_TUPLE | CF_MISSED, start_ns=2_000, last_in_ns=0)
+    (r,) = stitcher().on_exchange(ex)
+    assert (r.method, r.status, r.partial, r.bytes_in, r.start_ns) == (None, 404, "request_missed", 0, 2_000)
+    assert r.complete and not r.is_error
 
 
 def test_transport_tcp_only_when_the_kernel_saw_tcp():
@@ -52,31 +80,99 @@ def test_transport_tcp_only_when_the_kernel_saw_tcp():
     assert s.on_exchange(exchange(flags=CF_TUPLE, fd=8))[0].transport == "tcp"
     (unix,) = s.on_exchange(exchange(flags=0, fd=9))  # answered, and no tcp_sendmsg: not TCP
     assert unix.transport is None and unix.status == 404
-    (multi,) = s.on_exchange(exchange(req=b"\x00\x01binary", resp=b"\x02ok", flags=0, fd=10))
-    assert (multi.protocol, multi.transport) == ("tcp", None)  # a non-HTTP exchange, not on TCP
+    (other,) = s.on_exchange(exchange(req=b"\x00\x01binary", resp=b"\x02ok", flags=0, fd=10, status=0))
+    assert (other.protocol, other.transport) == ("unknown", None)
     assert s.on_exchange(exchange(flags=0, fd=11, answered=False, reason=END_CLOSE))[0].transport == "tcp"
+
+
+def test_what_no_protocol_frames_is_named_for_what_it_looks_like():
+    hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40
+    app = b"\x17\x03\x03\x00\x45" + b"\x99" * 69
+    preface = opaque.H2_PREFACE + b"\x00\x00\x06\x04\x00\x00\x00\x00\x00"
+    headers = b"\x00\x00\x20\x01\x04\x00\x00\x00\x01" + b"\x88" * 32
+    settings_ack = b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
+    cases = {
+        "tls": [exchange(req=hello, resp=app, status=0), exchange(req=app, resp=app, status=0)],
+        "http2": [exchange(req=preface, resp=settings_ack, status=0),
+                  exchange(req=headers, resp=headers, status=0)],
+        "unknown": [exchange(req=b"\x00\x01\x02", resp=b"\xff", status=0)],
+    }
+    for name, exchanges in cases.items():
+        for ex in exchanges:
+            (r,) = stitcher().on_exchange(ex)
+            assert (r.protocol, r.method, r.status, r.complete) == (name, None, None, True), ex.req[:9]
+    # a TLS connection's end is no error: without framing there is no telling
+    closed = exchange(req=app, answered=False, reason=END_CLOSE, status=0)
+    assert not stitcher().on_exchange(closed)[0].is_error
+
+
+def test_resp_is_framed_as_redis_commands():
+    ex = exchange(req=b"*2\r\n$3\r\nget\r\n$1\r\nk\r\n", resp=b"$-1\r\n", status=0)
+    (r,) = stitcher().on_exchange(ex)
+    assert (r.protocol, r.method, r.status) == ("resp", "GET", None)
+
+
+def test_a_response_is_due_only_when_its_framing_says_it_ended():
+    s = stitcher()
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"
+    assert not s.due(exchange(resp=head, status=200, bytes_out=len(head) + 9))
+    assert s.due(exchange(resp=head, status=200, bytes_out=len(head) + 10))
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
+    assert not s.due(exchange(resp=chunked, status=200, bytes_out=10_000))  # a stream, paused
+    assert s.due(exchange(resp=chunked, status=200, flags=CF_TUPLE | CF_CHUNK_END))
+    close_delimited = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+    assert not s.due(exchange(resp=close_delimited, status=200, bytes_out=10**9))
+    assert s.due(exchange(resp=b"HTTP/1.1 204 No Content\r\n\r\n", status=204))
+    assert s.due(exchange(req=b"HEAD / HTTP/1.1\r\n\r\n", resp=head, status=200))
+    assert not s.due(exchange(resp=b"HTTP/1.1 200 OK\r\nServer: x\r\nContent-Le", status=200))
+    assert not s.due(exchange(resp=b"HTTP/1.1 101 Switching\r\n\r\n", status=101))
 
 
 def test_a_flushed_exchange_reported_again_by_the_kernel_is_dropped():
     s = stitcher()
     ex = exchange()
+    assert s.due(ex)
     assert len(s.on_flush(ex._replace(reason=END_FLUSH))) == 1
-    assert s.on_flush(ex._replace(reason=END_FLUSH)) == []
+    assert not s.due(ex) and s.on_flush(ex._replace(reason=END_FLUSH)) == []
     assert s.on_exchange(ex) == [] and s.duplicates == 1
     assert len(s.on_exchange(ex._replace(start_ns=5_000))) == 1  # the next exchange
+    assert len(s.on_exchange(ex._replace(pipeline=1))) == 1  # the next pipelined response
 
 
-def test_a_reported_quiet_exchange_is_due_without_parsing_it_again(monkeypatch):
-    """Every flush tick asks about every quiet keep-alive connection: once one
-    is reported, only a new send makes it worth parsing again."""
-    from sitsprobe.stitch import exchange as mod
-
+def test_open_at_stop_is_incomplete_unless_its_framing_ended():
     s = stitcher()
-    ex = exchange(reason=END_FLUSH, resp=b"HTTP/1.1 200 OK\r\n\r\n", statuses=(200,))  # no length
-    assert s.due(ex, 3_000 + 600_000_000)  # idle past idle_flush
-    assert len(s.on_flush(ex)) == 1
-    monkeypatch.setattr(mod, "parse_response_head", lambda _b: pytest.fail("parsed again"))
-    assert s.due(ex, 3_000 + 600_000_001)
-    resumed = ex._replace(last_out_ns=10**9, bytes_out=ex.bytes_out + 10)  # sent more since
-    with pytest.raises(pytest.fail.Exception):
-        s.due(resumed, 10**9 + 1)
+    streaming = exchange(resp=b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", status=200,
+                         reason=END_FLUSH)
+    assert s.on_flush(streaming, final=True)[0].complete is False
+    assert s.on_flush(exchange(reason=END_FLUSH, fd=8), final=True)[0].complete is True
+
+
+def test_enrich_takes_the_trace_context_the_kernel_found_past_the_head():
+    (r,) = stitcher().on_exchange(exchange(traceparent=b" " + TP.encode() + b"\r\nx-more: 1",
+                                           tracestate=b"vendor=abc,other=x\r\n"))
+    e = enrich(r)
+    assert (e.traceparent.span_id, e.tracestate) == (0xB7AD6B7169203331, "vendor=abc,other=x")
+    assert (e.head, e.trace_headers) == (b"", None)  # the captured bytes never travel further
+    # a tracestate cut before its line end keeps only its whole members
+    (cut,) = stitcher().on_exchange(exchange(traceparent=TP.encode(), tracestate=b"a=1,b=2,c=3-cut-h"))
+    assert enrich(cut).tracestate == "a=1,b=2"
+
+
+def test_the_heads_own_trace_context_comes_first():
+    req = f"GET / HTTP/1.1\r\ntraceparent: {TP}\r\ntracestate: k=v\r\n\r\n".encode()
+    (r,) = stitcher().on_exchange(exchange(req=req))
+    e = enrich(r)
+    assert (e.traceparent.trace_id, e.tracestate) == (0x0AF7651916CD43DD8448EB211C80319C, "k=v")
+
+
+def test_enrich_redacts_every_query_value_but_those_kept():
+    (r,) = stitcher().on_exchange(exchange(req=b"GET /v1/x?api_key=SECRET&token=SECRET2&model=m HTTP/1.1\r\n\r\n"))
+    assert enrich(r).target == "/v1/x?api_key=REDACTED&token=REDACTED&model=REDACTED"
+    kept = enrich(r, keep_query=frozenset({"model"})).target
+    assert kept == "/v1/x?api_key=REDACTED&token=REDACTED&model=m"
+    assert "SECRET" not in repr(enrich(r))
+
+
+def test_protocols_are_asked_in_order():
+    assert protocol_of(exchange()) is http1
+    assert protocol_of(exchange(req=b"\x16\x03\x01\x00\x10", status=0)) is opaque

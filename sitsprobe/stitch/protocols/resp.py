@@ -1,4 +1,8 @@
-"""Probe-free Redis hits and misses: read them off the RESP bytes of an exchange.
+"""RESP (Redis): an exchange is the commands a client sent and the replies
+that came back; and the probe-free Redis hits and misses read off them.
+
+A RESP exchange is framed as one Request named for its first command; it
+ends when the client sends more or closes (`complete` never says earlier).
 
 ``resp_get_results(request, reply)`` pairs the commands a client sent with
 the replies Redis sent back, in order, and reports each GET (and GETEX) key
@@ -20,6 +24,12 @@ Redis), and MGET answers null for such a key (a miss here, a hit for Redis).
 from __future__ import annotations
 
 import re
+
+from ...events import Exchange
+from ...request import Request
+from .common import end_ns, ended_early, transport
+
+NAME = "resp"
 
 SINGLE = frozenset({b"GET", b"GETEX"})
 MULTI_KEY = frozenset({b"MGET"})
@@ -238,3 +248,30 @@ def resp_get_results(request_bytes: bytes, reply_bytes: bytes) -> list[tuple[byt
     except Exception:  # hostile bytes: keep what was read before them
         pass
     return out
+
+
+def claims(ex: Exchange) -> bool:
+    """A RESP array of bulk strings: what every Redis client sends."""
+    return ex.req[:1] == b"*" and ex.req[1:2].isdigit()
+
+
+def complete(ex: Exchange) -> bool:
+    return False
+
+
+def command_name(request_bytes: bytes) -> str | None:
+    """The first command's name, upper-cased, if it arrived."""
+    try:
+        for args, _ in _commands(bytes(request_bytes)):
+            name = args[0][:32] if args else b""
+            return name.decode("ascii").upper() if name.isascii() and name.isalpha() else None
+    except Exception:  # hostile bytes
+        pass
+    return None
+
+
+def requests(ex: Exchange, routes) -> list[Request]:
+    return [Request(ex.tgid, ex.comm, ex.fd, ex.start_ns, end_ns(ex), ex.first_out_ns or None,
+                    ex.bytes_in, ex.bytes_out, ex.local, ex.peer, NAME,
+                    method=command_name(ex.req), complete=not ended_early(ex),
+                    transport=transport(ex))]

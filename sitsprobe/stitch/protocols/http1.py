@@ -1,0 +1,131 @@
+"""HTTP/1.x: an exchange is one request and its response.
+
+The kernel ends an exchange when the next request begins, when the socket
+closes, or when the next response begins (pipelined requests: one exchange
+per response, all starting at their common read, ``Exchange.pipeline``
+counting the responses before). `complete` says when a response's own framing
+(Content-Length, the chunked terminator, a response that has no body) shows
+it ended, so it can be reported before any of those happen; a response
+whose end the captured bytes do not show waits for them. A streamed answer
+that pauses for minutes is still one request.
+"""
+from __future__ import annotations
+
+from ...events import CF_CHUNK_END, CF_MISSED, END_RESPONSE, Exchange
+from ...redact import redact_target
+from ...request import Request
+from ...routes import RouteMapper
+from ..http import (looks_like_request, parse_request_heads, parse_response_head,
+                    parse_traceparent, path_of, request_line)
+from .common import answered, end_ns, ended_early, transport
+
+NAME = "http/1.1"
+REQUEST_MISSED = "request_missed"  # sitsprobe.partial: only the response was seen
+HEAD_NOT_CAPTURED = "request_head_not_captured"  # a pipelined head past the bytes kept
+
+# Nearly every exchange is one plain request, and its Request is built by
+# position: 1.0 µs here against 2.6 µs by keyword. Built in this order:
+_FAST_FIELDS = ("pid", "comm", "fd", "start_ns", "end_ns", "first_out_ns", "bytes_in",
+                "bytes_out", "local", "peer", "protocol", "method", "target", "path", "route",
+                "status", "user_agent", "traceparent", "complete", "head")
+if Request._fields[: len(_FAST_FIELDS)] != _FAST_FIELDS:
+    raise ImportError("sitsprobe.request.Request fields moved: update http1.requests")
+
+
+def claims(ex: Exchange) -> bool:
+    return bool(ex.status) or looks_like_request(ex.req)
+
+
+def complete(ex: Exchange) -> bool:
+    """Whether the response's framing shows that it has ended."""
+    if not ex.status:
+        return False
+    resp = parse_response_head(ex.resp)
+    if resp is None or resp.head_size is None or resp.status == 101:
+        return False  # a head not captured whole; or upgraded: ends at close
+    if resp.status in (204, 304) or (ex.pipeline == 0 and ex.req.startswith(b"HEAD ")):
+        return True  # no body, whatever Content-Length says
+    if resp.chunked:
+        return bool(ex.flags & CF_CHUNK_END)
+    if resp.content_length is not None:
+        return ex.bytes_out >= resp.head_size + resp.content_length
+    return False  # delimited by the close
+
+
+def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
+    status = ex.status or None
+    if ex.flags & CF_MISSED:  # its read began before we could see it
+        return [Request(ex.tgid, ex.comm, ex.fd, ex.first_out_ns, ex.last_out_ns, ex.first_out_ns,
+                        0, ex.bytes_out, ex.local, ex.peer, NAME, status=status,
+                        route=routes.route(None), partial=REQUEST_MISSED, transport=transport(ex))]
+    done = not ended_early(ex)
+    if ex.pipeline == 0 and ex.reason != END_RESPONSE and (line := request_line(ex.req)) is not None:
+        # the common case, kept cheap: headers are parsed only for traced requests
+        # (END_RESPONSE: another response followed, so this one was pipelined)
+        method, target = line
+        path = path_of(target)
+        r = Request(  # by position, in _FAST_FIELDS order
+            ex.tgid, ex.comm, ex.fd, ex.start_ns, end_ns(ex), ex.first_out_ns or None,
+            ex.bytes_in, ex.bytes_out, ex.local, ex.peer, NAME, method, target,
+            path, routes.route(path), status, None, None, done, ex.req,
+            trace_headers=(ex.traceparent, ex.tracestate) if ex.traceparent or ex.tracestate else None)
+        return [r if transport(ex) else r._replace(transport=None)]
+    heads = parse_request_heads(ex.req)
+    head = heads[ex.pipeline] if ex.pipeline < len(heads) else None
+    base = dict(pid=ex.tgid, comm=ex.comm, fd=ex.fd, start_ns=ex.start_ns, end_ns=end_ns(ex),
+                first_out_ns=ex.first_out_ns or None, bytes_out=ex.bytes_out, local=ex.local,
+                peer=ex.peer, protocol=NAME, status=status, complete=done,
+                transport=transport(ex))
+    if head is None:
+        return [Request(bytes_in=0 if ex.pipeline else ex.bytes_in, route=routes.route(None),
+                        partial=HEAD_NOT_CAPTURED if ex.pipeline else None, **base)]
+    # the first of several pipelined requests, or a later one: its own size where the head tells
+    size = head.size if head.size is not None and (ex.pipeline or len(heads) > 1) else None
+    return [Request(
+        bytes_in=size if size is not None else (0 if ex.pipeline else ex.bytes_in),
+        method=head.method, target=head.target, path=head.path, route=routes.route(head.path),
+        user_agent=head.headers.get("user-agent"), traceparent=head.traceparent,
+        tracestate=head.headers.get("tracestate"),
+        trace_headers=(ex.traceparent, ex.tracestate) if ex.pipeline == 0 else None,
+        **base)]
+
+
+def enrich(r: Request, redact: frozenset[str], keep_query: frozenset[str]) -> Request:
+    """What only a traced request pays for: its headers (trace context, user
+    agent), the trace context the kernel found past them, and its query
+    string with every value but those of ``keep_query`` redacted. A header
+    named in ``redact`` (capture.redact_headers) is never exported."""
+    head = parse_request_heads(r.head, limit=1)[0] if r.head else None
+    if r.head and head is None:
+        return r._replace(head=b"", target=redact_target(r.target, keep_query))
+    tp, ts = r.traceparent, r.tracestate
+    agent = r.user_agent
+    if head is not None:
+        tp = head.traceparent or tp
+        ts = head.headers.get("tracestate") or ts
+        agent = head.headers.get("user-agent")
+    if r.trace_headers is not None:
+        far_tp, far_ts = r.trace_headers
+        tp = tp or (parse_traceparent(_value(far_tp)) if far_tp else None)
+        ts = ts or (_list_value(far_ts) if far_ts else None)
+    if "user-agent" in redact:
+        agent = None
+    return r._replace(head=b"", trace_headers=None, traceparent=tp, tracestate=ts or None,
+                      user_agent=agent, target=redact_target(r.target, keep_query))
+
+
+def _value(raw: bytes) -> str:
+    """A header value from the bytes after its name: up to the line end."""
+    return raw.split(b"\n", 1)[0].split(b"\r", 1)[0].strip(b" \t").decode("latin-1")
+
+
+def _list_value(raw: bytes) -> str:
+    """A list-valued header (tracestate) from bytes that may have been cut
+    before its line end: only the members that arrived whole."""
+    whole = b"\n" in raw or b"\r" in raw
+    v = _value(raw)
+    return v if whole else v.rpartition(",")[0].rstrip(" \t")
+
+
+__all__ = ["NAME", "REQUEST_MISSED", "HEAD_NOT_CAPTURED", "claims", "complete", "requests",
+           "enrich"]

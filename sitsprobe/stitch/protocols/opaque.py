@@ -1,0 +1,77 @@
+"""Exchanges no protocol here frames: one connection-level Request each,
+named for what the first bytes look like, so that TLS and HTTP/2 (gRPC)
+connections are counted as themselves, never as HTTP/1.1 requests with
+empty labels. Framing them is other modules' work to come.
+
+Each exchange is recognised on its own (a connection whose start the agent
+missed is recognised all the same):
+  tls     a TLS record header: type 20..23, version 3.0..3.4, a length a
+          record can have, on either side
+  http2   the client connection preface, or a frame header on both sides
+          (each of the first frames captured well formed: a known type, a
+          length within the default maximum and one its type can have, on
+          the stream its type must be on)
+"""
+from __future__ import annotations
+
+from ...events import Exchange
+from ...request import Request
+from .common import end_ns, transport
+
+NAMES = ("tls", "http2", "unknown")
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_TLS_MAX_RECORD = (1 << 14) + 2048  # TLSCiphertext.length at most
+_H2_MAX_FRAME = 1 << 14  # SETTINGS_MAX_FRAME_SIZE's initial value
+_H2_TYPES = range(0x0A)  # DATA .. CONTINUATION
+_H2_FIXED_LENGTH = {2: 5, 3: 4, 6: 8, 8: 4}  # PRIORITY, RST_STREAM, PING, WINDOW_UPDATE
+_H2_CONNECTION_TYPES = frozenset({4, 6, 7})  # SETTINGS, PING, GOAWAY: on stream 0 only
+
+
+def claims(ex: Exchange) -> bool:
+    return True
+
+
+def complete(ex: Exchange) -> bool:
+    return False
+
+
+def _tls_record(b: bytes) -> bool:
+    return (len(b) >= 5 and 20 <= b[0] <= 23 and b[1] == 3 and b[2] <= 4
+            and int.from_bytes(b[3:5], "big") <= _TLS_MAX_RECORD)
+
+
+def _h2_frames(b: bytes, most: int = 4) -> bool:
+    """The first frames the bytes hold (up to ``most``) are each well formed:
+    a known type, a length that type can have, the stream it must be on."""
+    pos = 0
+    while pos + 9 <= len(b) and most:
+        length, kind, stream = int.from_bytes(b[pos:pos + 3], "big"), b[pos + 3], \
+            int.from_bytes(b[pos + 5:pos + 9], "big")
+        if length > _H2_MAX_FRAME or kind not in _H2_TYPES or stream >> 31:
+            return False
+        fixed = _H2_FIXED_LENGTH.get(kind)
+        if (fixed is not None and length != fixed) or (kind == 4 and length % 6) \
+                or ((stream == 0) != (kind in _H2_CONNECTION_TYPES)):
+            return False
+        pos += 9 + length
+        most -= 1
+    return pos > 0
+
+
+def name_of(ex: Exchange) -> str:
+    req, resp = ex.req, ex.resp
+    if _tls_record(req) or (not req and _tls_record(resp)):
+        return "tls"
+    if req.startswith(H2_PREFACE[: len(req)]) and len(req) >= 3 and req[:3] == b"PRI":
+        return "http2"
+    if _h2_frames(req) and (not resp or _h2_frames(resp)):
+        return "http2"
+    return "unknown"
+
+
+def requests(ex: Exchange, routes) -> list[Request]:
+    # never incomplete: without framing there is no telling a closed
+    # connection's last exchange from a cut one
+    return [Request(ex.tgid, ex.comm, ex.fd, ex.start_ns, end_ns(ex), ex.first_out_ns or None,
+                    ex.bytes_in, ex.bytes_out, ex.local, ex.peer, name_of(ex),
+                    transport=transport(ex))]
