@@ -22,18 +22,6 @@
 #define AF_INET_ 2
 #define AF_INET6_ 10
 
-/* How a call passes its buffer: the low bits of args.kind. */
-enum call_kind { K_FLAT = 1, K_IOV = 2, K_MSG = 3, K_NOCOPY = 4, K_ACCEPT = 5 };
-#define SEND 0x100      /* or-ed into args.kind: the call writes */
-#define UNTRACKED 0x200 /* or-ed into args.kind: a send on a connection in `overflow` */
-
-struct args {
-    __u64 ptr; /* buffer, iovec array, msghdr or sockaddr, by kind */
-    __u64 enter_ns;
-    __u32 fd;
-    __u32 kind;
-};
-
 struct uiovec {
     __u64 base;
     __u64 len;
@@ -527,7 +515,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 }
 
 /* tcp_sendmsg: marks the connection as TCP, through the best hook this kernel has. */
-#if TCP_SENDMSG_HOOK == 1
+#if TCP_SENDMSG_HOOK == TCP_SENDMSG_FENTRY
 KFUNC_PROBE(tcp_sendmsg, struct sock *sk)
 {
     struct conn *c = current_conn();
@@ -535,7 +523,7 @@ KFUNC_PROBE(tcp_sendmsg, struct sock *sk)
         c->flags |= CF_TCP;
     return 0;
 }
-#elif TCP_SENDMSG_HOOK == 2
+#elif TCP_SENDMSG_HOOK == TCP_SENDMSG_KPROBE
 int kprobe__tcp_sendmsg(struct pt_regs *ctx, struct sock *sk)
 {
     struct conn *c = current_conn();

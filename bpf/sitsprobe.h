@@ -1,16 +1,22 @@
 /* The kernel/userspace contract of sitsprobe: every struct that crosses the
  * boundary, every counter index, every constant. Userspace never mirrors these
- * by hand: bcc derives the ctypes layouts from this file.
+ * by hand: bcc derives the ctypes layouts from this file, and Python reads the
+ * constants from sitsprobe/abi.py, which tests/unit/test_abi.py checks against
+ * every enum and #define here.
  *
  * Load-time settings arrive as -D flags (see sitsprobe/probes/net.py):
  *   REQ_CAP, RESP_CAP    bytes of each request / response head captured
  *   HEAD_SCAN            request head bytes searched for trace context headers
  *   MAX_CONNS            connections tracked at once
  *   RINGBUF_PAGES        exchange ring buffer size in pages (power of two)
- *   TCP_SENDMSG_HOOK     1 fentry, 2 kprobe, 3 tracepoint tcp:tcp_sendmsg_locked
+ *   TCP_SENDMSG_HOOK     TCP_SENDMSG_FENTRY, _KPROBE or _TRACEPOINT (tcp:tcp_sendmsg_locked)
  */
 #ifndef SITSPROBE_H
 #define SITSPROBE_H
+
+#define TCP_SENDMSG_FENTRY 1
+#define TCP_SENDMSG_KPROBE 2
+#define TCP_SENDMSG_TRACEPOINT 3
 
 #ifndef REQ_CAP
 #define REQ_CAP 256
@@ -28,7 +34,7 @@
 #define RINGBUF_PAGES 16384
 #endif
 #ifndef TCP_SENDMSG_HOOK
-#define TCP_SENDMSG_HOOK 3
+#define TCP_SENDMSG_HOOK TCP_SENDMSG_TRACEPOINT
 #endif
 
 #define MAX_OVERFLOW 65536 /* connections the full conns table could not take, still counted */
@@ -109,6 +115,21 @@ struct conn {
     __u8 ts[TS_CAP];
 };
 
+/* How a syscall passes its buffer: the low bits of struct args.kind. Userspace
+ * writes these too, for reads that began before the agent (NetProbe.adopt_reads). */
+enum call_kind { K_FLAT = 1, K_IOV = 2, K_MSG = 3, K_NOCOPY = 4, K_ACCEPT = 5 };
+#define SEND 0x100      /* or-ed into args.kind: the call writes */
+#define UNTRACKED 0x200 /* or-ed into args.kind: a send on a connection in `overflow` */
+
+/* A syscall's arguments from its enter half, for its exit: the `inflight` map,
+ * keyed by pid_tgid. */
+struct args {
+    __u64 ptr; /* buffer, iovec array, msghdr or sockaddr, by kind */
+    __u64 enter_ns;
+    __u32 fd;
+    __u32 kind;
+};
+
 enum notice_kind { N_EXEC = 1, N_EXIT = 2 };
 
 /* Process lifecycle: lets userspace select new processes and retire dead ones. */
@@ -138,7 +159,7 @@ struct status_key {
 #define MAX_CUDA_ALLOCS 65536
 #endif
 
-/* struct cuda_key.fn; names in sitsprobe/gpu/cuda.py FUNCTIONS, same order */
+/* struct cuda_key.fn; names in sitsprobe/abi.py CUDA_FN_NAMES, same order */
 enum cuda_fn {
     CUDA_LAUNCH_KERNEL = 0,     /* cudaLaunchKernel, cudaLaunchKernel_ptsz */
     CUDA_MEMCPY = 1,            /* cudaMemcpy: bytes, direction, time blocked */

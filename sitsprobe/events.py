@@ -4,12 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+# Exchange.reason and Exchange.flags values, read here by stitch and the tests
+from .abi import (CF_CHUNK_END, CF_INTERIM, CF_MISSED, CF_SEEDED, CF_TCP,  # noqa: F401
+                  CF_TUPLE, END_CLOSE, END_EXIT, END_FLUSH, END_NEXT, END_RESPONSE)
 from .request import Endpoint
-
-# end reasons (bpf/sitsprobe.h enum end_reason)
-END_NEXT, END_CLOSE, END_FLUSH, END_EXIT, END_RESPONSE = 1, 2, 3, 4, 5
-# connection flags (bpf/sitsprobe.h CF_*)
-CF_TUPLE, CF_TCP, CF_CHUNK_END, CF_SEEDED, CF_MISSED, CF_INTERIM = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
 
 
 class Exchange(NamedTuple):

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Container, Iterator
 
+from sitsprobe.abi import K_FLAT, K_IOV, K_MSG
 from sitsprobe.request import Endpoint
 
 # Errors a /proc read gets when the process exits, or isn't ours, mid-read.
@@ -215,10 +216,10 @@ def established(pid: int, proc: str = "/proc") -> list[tuple[int, Endpoint, Endp
 
 
 # Reads a thread may be blocked in, by syscall number: how it passes its buffer
-# (bpf/net.c enum call_kind: 1 flat buffer, 2 iovec array, 3 msghdr).
+# (enum call_kind: a flat buffer, an iovec array, a msghdr).
 READ_SYSCALLS = {
-    "x86_64": {0: 1, 45: 1, 19: 2, 47: 3},  # read, recvfrom, readv, recvmsg
-    "aarch64": {63: 1, 207: 1, 65: 2, 212: 3},
+    "x86_64": {0: K_FLAT, 45: K_FLAT, 19: K_IOV, 47: K_MSG},  # read, recvfrom, readv, recvmsg
+    "aarch64": {63: K_FLAT, 207: K_FLAT, 65: K_IOV, 212: K_MSG},
 }.get(os.uname().machine, {})
 
 

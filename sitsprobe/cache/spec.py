@@ -28,14 +28,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..abi import CACHE_HIT_OPS, CACHE_KEY_KINDS, CACHE_SLOTS
 from ..errors import ConfigError
 from ..procs import Selector
 
 MAX_ARG = 5  # x86-64 / arm64 register arguments a uprobe reads: arg0..arg5
-KEY_READS = ("cstr", "ptr_len", "redis_robj")
-HIT_OPS = ("!=", "==", ">", ">=", "<", "<=")
+KEY_READS = tuple(CACHE_KEY_KINDS)
+HIT_OPS = tuple(CACHE_HIT_OPS)
 DEREF_SIZES = (0, 1, 2, 4, 8)
-MAX_CACHES = 8  # bpf/sitsprobe.h CACHE_SLOTS
+MAX_CACHES = CACHE_SLOTS
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 # Redis 7.0 src/server.h: lookupKey's flags. lookupKey (src/db.c) bumps

@@ -6,12 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-# bpf/sitsprobe.h enum cuda_fn, in order
-FUNCTIONS = (
-    "cudaLaunchKernel", "cudaMemcpy", "cudaMemcpyAsync", "cudaStreamSynchronize",
-    "cudaDeviceSynchronize", "cudaMalloc", "cudaFree", "cudaGraphLaunch",
-    "cuLaunchKernel", "cuLaunchKernelEx",
-)
+from ..abi import CUDA_FN_NAMES as FUNCTIONS  # enum cuda_fn order
+
 COPIES = ("cudaMemcpy", "cudaMemcpyAsync")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
 TIMED = ("cudaMemcpy", *SYNCS, "cudaMalloc", "cudaFree")  # these have a return probe

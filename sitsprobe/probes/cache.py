@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .. import procs
+from ..abi import (CACHE_COUNTERS as COUNTERS, CACHE_HIT_OPS as HIT_OPS, CACHE_KEY_KINDS as KEY_KINDS,
+                   CACHE_LAT_SLOTS as LAT_SLOTS, CE_PEER, CE_TRUNCATED)
 from ..cache.lookup import UNIX_PEER, KernelCacheCounts, KeyLookup
 from ..cache.spec import MAX_CACHES, CacheProbeSpec
 from ..errors import ProbeAttachError
@@ -31,12 +33,6 @@ from .ring import DrainBudget
 
 log = logging.getLogger("sitsprobe.cache")
 
-# bpf/sitsprobe.h (cache block)
-KEY_KINDS = {"cstr": 1, "ptr_len": 2, "redis_robj": 3}
-HIT_OPS = {"!=": 0, "==": 1, ">": 2, ">=": 3, "<": 4, "<=": 5}
-COUNTERS = ("hits", "misses", "filtered", "lost", "inflight_lost", "duration_ns")
-LAT_SLOTS = 65
-CE_TRUNCATED, CE_PEER = 0x01, 0x02
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 
 # What the client attribution hooks (always tracepoints; uprobes per spec).

@@ -9,13 +9,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..abi import CUDA_COUNTERS as COUNTERS
 from ..errors import ProbeAttachError
 from ..gpu.cuda import DIRECTIONS, FUNCTIONS, CudaCount
 from .net import bpf_dir
 
 log = logging.getLogger("sitsprobe.cuda")
 
-COUNTERS = ("stats_full", "inflight_lost", "allocs_full")  # enum cuda_counter
 RUNTIME, DRIVER = "libcudart", "libcuda"
 _LIBRARY = {  # file name -> library kind (auditwheel may add a -hash)
     RUNTIME: re.compile(r"^libcudart(-[0-9a-f]{8})?\.so(\.\d+)*$"),

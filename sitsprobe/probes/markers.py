@@ -14,18 +14,13 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
+from ..abi import (MARKER_COUNTERS as COUNTERS, MARKER_EVENT_BYTES as EVENT_BYTES, MARKER_IDS,
+                   MARKER_KINDS as KINDS, MK_BATCH)
 from ..errors import ProbeAttachError
 from ..events import MarkerEvent
 from .net import bpf_dir
 from .ring import DrainBudget
 
-# bpf/sitsprobe.h
-KINDS = {1: "request_begin", 2: "request_end", 3: "range_begin", 4: "range_end",
-         5: "batch", 6: "cache_get", 7: "usage"}
-MK_BATCH = 5
-MARKER_IDS = 16
-EVENT_BYTES = 320  # sizeof(struct marker_event) and the ring's record header, rounded up
-COUNTERS = ("events", "lost", "batch_ids_dropped", "keys_cut")
 # exported function -> BPF function in bpf/markers.c
 HOOKS = {f"sitsprobe_{k}": f"on_{k}" for k in KINDS.values()}
 _LIBRARY = re.compile(r"/libsitsprobe_markers[^/]*\.so$")

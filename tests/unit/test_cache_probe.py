@@ -17,18 +17,6 @@ def test_cflags():
             probe.cflags(**bad)
 
 
-def test_settings_match_the_header():
-    header = (probe.bpf_dir() / "sitsprobe.h").read_text()
-    block = header[header.index("---- cache: begin"):header.index("---- cache: end")]
-    for name, value in probe.KEY_KINDS.items():
-        assert f"= {value}," in block.split(f"CK_{name.upper()}")[1][:8]
-    assert "HO_NE = 0, HO_EQ = 1, HO_GT = 2, HO_GE = 3, HO_LT = 4, HO_LE = 5" in block
-    for i, name in enumerate(probe.COUNTERS):
-        assert f"CC_{name.upper()} = {i}," in block
-    assert f"#define CACHE_LAT_SLOTS {probe.LAT_SLOTS}" in block
-    assert "#define CE_TRUNCATED 0x01" in block and "#define CE_PEER 0x02" in block
-
-
 def test_resolve_binary_and_comms(tmp_path):
     assert probe.resolve_binary("/opt/x/redis-server") == "/opt/x/redis-server"
     assert probe.resolve_binary("redis-server", which=lambda n: "/usr/bin/" + n) == "/usr/bin/redis-server"

@@ -1,0 +1,111 @@
+"""The constants of bpf/sitsprobe.h that Python reads, in the header's blocks
+(net, cuda, cache, markers) and under the header's names.
+
+The one place Python holds them: every other module imports them from here,
+and tests/unit/test_abi.py compiles the header to check each value, that every
+enum of the header is here whole, and that the ordered name tuples follow
+their enum. Structs are not here: bcc derives their layouts from the header.
+Imports nothing (no bcc, no torch), so any layer may read it.
+"""
+from __future__ import annotations
+
+
+def _in_order(labels: dict[int, str], count: int) -> tuple[str, ...]:
+    """``labels`` (enumerator -> name) as a tuple indexed by the enumerator,
+    which must run 0..count-1 without a gap."""
+    if sorted(labels) != list(range(count)):
+        raise ValueError(f"enumerators {sorted(labels)} are not 0..{count - 1}")
+    return tuple(labels[i] for i in range(count))
+
+
+# ---- net ----
+# TCP_SENDMSG_HOOK (-D): which hook marks a connection as TCP
+TCP_SENDMSG_FENTRY, TCP_SENDMSG_KPROBE, TCP_SENDMSG_TRACEPOINT = 1, 2, 3
+
+# enum conn_state: struct conn.state
+ST_IDLE, ST_READING, ST_RESPONDING = 0, 1, 2
+
+# struct conn.flags
+CF_TUPLE, CF_TCP, CF_CHUNK_END, CF_SEEDED, CF_MISSED, CF_INTERIM = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+
+# enum end_reason: struct exchange_event.reason (END_FLUSH and END_EXIT: userspace only)
+END_NEXT, END_CLOSE, END_FLUSH, END_EXIT, END_RESPONSE = 1, 2, 3, 4, 5
+
+# enum counter: index into the `counters` per-CPU array
+C_EXCHANGES, C_LOST, C_CONN_OVERFLOW, C_NOTICES_LOST, C_INFLIGHT_LOST, C_UNCOUNTED = 0, 1, 2, 3, 4, 5
+C_COUNTERS = 6
+NET_COUNTERS = _in_order({
+    C_EXCHANGES: "exchanges", C_LOST: "lost", C_CONN_OVERFLOW: "conn_overflow",
+    C_NOTICES_LOST: "notices_lost", C_INFLIGHT_LOST: "inflight_lost", C_UNCOUNTED: "uncounted",
+}, C_COUNTERS)
+
+# enum call_kind: struct args.kind (the `inflight` map), with SEND and UNTRACKED or-ed in
+K_FLAT, K_IOV, K_MSG, K_NOCOPY, K_ACCEPT = 1, 2, 3, 4, 5
+SEND, UNTRACKED = 0x100, 0x200
+
+# enum notice_kind: struct notice.kind
+N_EXEC, N_EXIT = 1, 2
+
+# ---- cuda ----
+# enum cuda_fn: struct cuda_key.fn
+(CUDA_LAUNCH_KERNEL, CUDA_MEMCPY, CUDA_MEMCPY_ASYNC, CUDA_STREAM_SYNC, CUDA_DEVICE_SYNC,
+ CUDA_MALLOC, CUDA_FREE, CUDA_GRAPH_LAUNCH, CUDA_CU_LAUNCH_KERNEL, CUDA_CU_LAUNCH_KERNEL_EX) = range(10)
+CUDA_FUNCTIONS = 10
+CUDA_FN_NAMES = _in_order({
+    CUDA_LAUNCH_KERNEL: "cudaLaunchKernel", CUDA_MEMCPY: "cudaMemcpy",
+    CUDA_MEMCPY_ASYNC: "cudaMemcpyAsync", CUDA_STREAM_SYNC: "cudaStreamSynchronize",
+    CUDA_DEVICE_SYNC: "cudaDeviceSynchronize", CUDA_MALLOC: "cudaMalloc", CUDA_FREE: "cudaFree",
+    CUDA_GRAPH_LAUNCH: "cudaGraphLaunch", CUDA_CU_LAUNCH_KERNEL: "cuLaunchKernel",
+    CUDA_CU_LAUNCH_KERNEL_EX: "cuLaunchKernelEx",
+}, CUDA_FUNCTIONS)
+
+# enum cuda_counter: index into the `cuda_counters` per-CPU array
+CUDA_C_STATS_FULL, CUDA_C_INFLIGHT_LOST, CUDA_C_ALLOCS_FULL = 0, 1, 2
+CUDA_C_COUNTERS = 3
+CUDA_COUNTERS = _in_order({
+    CUDA_C_STATS_FULL: "stats_full", CUDA_C_INFLIGHT_LOST: "inflight_lost",
+    CUDA_C_ALLOCS_FULL: "allocs_full",
+}, CUDA_C_COUNTERS)
+
+# ---- cache ----
+CACHE_SLOTS = 8  # cache probes one program serves
+CACHE_LAT_SLOTS = 65  # log2 latency histogram slots per cache probe
+
+# enum cache_key_kind: struct cache_cfg.key_kind, by the config's `key.read`
+CK_CSTR, CK_PTR_LEN, CK_REDIS_ROBJ = 1, 2, 3
+CACHE_KEY_KINDS = {"cstr": CK_CSTR, "ptr_len": CK_PTR_LEN, "redis_robj": CK_REDIS_ROBJ}
+
+# enum cache_hit_op: struct cache_cfg.hit_op, by the config's `hit.op`
+HO_NE, HO_EQ, HO_GT, HO_GE, HO_LT, HO_LE = 0, 1, 2, 3, 4, 5
+CACHE_HIT_OPS = {"!=": HO_NE, "==": HO_EQ, ">": HO_GT, ">=": HO_GE, "<": HO_LT, "<=": HO_LE}
+
+# enum cache_counter: index (slot * CC_COUNTERS + counter) into `cache_counts`
+CC_HITS, CC_MISSES, CC_FILTERED, CC_LOST, CC_INFLIGHT_LOST, CC_DURATION_NS = 0, 1, 2, 3, 4, 5
+CC_COUNTERS = 6
+CACHE_COUNTERS = _in_order({
+    CC_HITS: "hits", CC_MISSES: "misses", CC_FILTERED: "filtered", CC_LOST: "lost",
+    CC_INFLIGHT_LOST: "inflight_lost", CC_DURATION_NS: "duration_ns",
+}, CC_COUNTERS)
+
+# struct cache_event.flags
+CE_TRUNCATED, CE_PEER = 0x01, 0x02
+
+# ---- markers ----
+MARKER_NAME = 32  # stage, cache or model name bytes, NUL included
+MARKER_KEY = 64  # cache key bytes copied
+MARKER_IDS = 16  # request ids per batch event
+MARKER_EVENT_BYTES = 320  # sizeof(struct marker_event) and the ring's 8-byte record header
+
+# enum marker_kind: struct marker_event.kind, by the marker library's call
+MK_REQUEST_BEGIN, MK_REQUEST_END, MK_RANGE_BEGIN, MK_RANGE_END, MK_BATCH, MK_CACHE_GET, MK_USAGE = range(1, 8)
+MARKER_KINDS = {
+    MK_REQUEST_BEGIN: "request_begin", MK_REQUEST_END: "request_end", MK_RANGE_BEGIN: "range_begin",
+    MK_RANGE_END: "range_end", MK_BATCH: "batch", MK_CACHE_GET: "cache_get", MK_USAGE: "usage",
+}
+
+# enum marker_counter: index into the `marker_counters` per-CPU array
+MC_EVENTS, MC_LOST, MC_IDS_DROPPED, MC_KEYS_CUT = 0, 1, 2, 3
+MC_COUNTERS = 4
+MARKER_COUNTERS = _in_order({
+    MC_EVENTS: "events", MC_LOST: "lost", MC_IDS_DROPPED: "batch_ids_dropped", MC_KEYS_CUT: "keys_cut",
+}, MC_COUNTERS)
