@@ -216,7 +216,7 @@ class Agent:
     # -- processes ----------------------------------------------------------------
 
     def _track(self, info: procs.ProcInfo) -> None:
-        self.probe.track(info.pid)
+        self.probe.track(info.pid, info.comm)
         self.tracked[info.pid] = self.names[info.pid] = info.comm
         self.containers[info.pid] = container_of(info.pid)
         listening = procs.listening_ports(info.pid)
@@ -252,6 +252,9 @@ class Agent:
         for pid, info in found.items():
             if pid not in self.tracked:
                 self._track(info)
+            elif info.comm != self.tracked[pid]:  # it renamed itself (prctl, setproctitle)
+                self.tracked[pid] = self.names[pid] = info.comm
+                self.probe.track(pid, info.comm)
         for pid in [p for p in self.tracked if p not in found and procs.read_info(p) is None]:
             self._retire(pid)
         if self.cache is not None:

@@ -11,19 +11,18 @@ from importlib import resources
 from operator import itemgetter
 from pathlib import Path
 
+from ..abi import (CF_SEEDED, CF_TUPLE, END_FLUSH, N_EXEC, NET_COUNTERS as COUNTERS, ST_IDLE, ST_READING,
+                   ST_RESPONDING, TCP_SENDMSG_FENTRY, TCP_SENDMSG_KPROBE, TCP_SENDMSG_TRACEPOINT)
 from ..procs import BlockedRead
-from ..events import CF_SEEDED, CF_TUPLE, END_FLUSH, Exchange, ProcessNotice
+from ..events import Exchange, ProcessNotice
 from ..request import Endpoint
 from .hooks import FENTRY, KPROBE, TRACEPOINT, Hook
 from .layout import Layout
 from .maps import MapCopy
 from .ring import DrainBudget
 
-# bpf/sitsprobe.h
-ST_IDLE, ST_READING, ST_RESPONDING = 0, 1, 2
 BPF_NOEXIST = 1  # map update flag: create only
-COUNTERS = ("exchanges", "lost", "conn_overflow", "notices_lost", "inflight_lost", "uncounted")
-_HOOK_CODE = {FENTRY: 1, KPROBE: 2, TRACEPOINT: 3}
+_HOOK_CODE = {FENTRY: TCP_SENDMSG_FENTRY, KPROBE: TCP_SENDMSG_KPROBE, TRACEPOINT: TCP_SENDMSG_TRACEPOINT}
 _KEY = struct.Struct("=Q")  # conns key: tgid << 32 | fd
 _FAMILIES = {socket.AF_INET: (socket.AF_INET, 4), socket.AF_INET6: (socket.AF_INET6, 16)}
 
@@ -78,7 +77,11 @@ class ExchangeDecoder:
                "t.lport", "t.raddr", "t.rport", "status", "pipeline", "req_len",
                "resp_len", "req", "resp", "tp_len", "tp", "ts_len", "ts")
 
-    def __init__(self, conn_type):
+    def __init__(self, conn_type, names: dict[int, str] | None = None):
+        """names: tgid -> the process's name, given to its exchanges in place
+        of the name of the thread that made the syscall (an I/O thread's
+        "event_engine" is not the server's name)."""
+        self.names = {} if names is None else names
         self.layout = layout = Layout(conn_type)
         self.size = layout.struct.size
         self.iter_unpack = layout.struct.iter_unpack  # a buffer of many -> their tuples
@@ -95,7 +98,7 @@ class ExchangeDecoder:
          bytes_out, flags, family, laddr, lport, raddr, rport, status, pipeline, req_len, resp_len,
          req, resp, tp_len, tp, ts_len, ts) = self._pick(v)
         return Exchange(
-            tgid=tgid, fd=fd, comm=_comm(comm),
+            tgid=tgid, fd=fd, comm=self.names.get(tgid) or _comm(comm),
             reason=reported if reason is None else reason,
             start_ns=start_ns, last_in_ns=last_in_ns,
             first_out_ns=first_out_ns, last_out_ns=last_out_ns,
@@ -139,14 +142,16 @@ class NetProbe:
 
         def notice_cb(_ctx, data, _size):
             n = self._notice_map.event(data)
-            on_notice(ProcessNotice("exec" if n.kind == 1 else "exit", n.tgid,
+            on_notice(ProcessNotice("exec" if n.kind == N_EXEC else "exit", n.tgid,
                                     n.comm.decode(errors="replace")))
 
         self._bpf["exchanges"].open_ring_buffer(exchange_cb)
         self._notice_map.open_ring_buffer(notice_cb)
 
-    def track(self, tgid: int) -> None:
+    def track(self, tgid: int, name: str = "") -> None:
         self._tracked[ct.c_uint(tgid)] = ct.c_ubyte(1)
+        if name:
+            self._decode.names[tgid] = name
 
     def untrack(self, tgid: int) -> None:
         self._tracked.pop(ct.c_uint(tgid), None)
@@ -242,6 +247,7 @@ class NetProbe:
                 if v[at_state] != ST_IDLE:
                     pending.append(self._decode.values(v, END_FLUSH))
                 self._conns.pop(self._conns.Key(key), None)
+        self._decode.names.pop(tgid, None)
         return pending
 
     def counters(self) -> dict[str, int]:

@@ -25,6 +25,7 @@ _H2_MAX_FRAME = 1 << 14  # SETTINGS_MAX_FRAME_SIZE's initial value
 _H2_TYPES = range(0x0A)  # DATA .. CONTINUATION
 _H2_FIXED_LENGTH = {2: 5, 3: 4, 6: 8, 8: 4}  # PRIORITY, RST_STREAM, PING, WINDOW_UPDATE
 _H2_CONNECTION_TYPES = frozenset({4, 6, 7})  # SETTINGS, PING, GOAWAY: on stream 0 only
+_H2_ANY_STREAM = 8  # WINDOW_UPDATE: on the connection or on a stream
 
 
 def claims(ex: Exchange) -> bool:
@@ -51,7 +52,7 @@ def _h2_frames(b: bytes, most: int = 4) -> bool:
             return False
         fixed = _H2_FIXED_LENGTH.get(kind)
         if (fixed is not None and length != fixed) or (kind == 4 and length % 6) \
-                or ((stream == 0) != (kind in _H2_CONNECTION_TYPES)):
+                or (kind != _H2_ANY_STREAM and (stream == 0) != (kind in _H2_CONNECTION_TYPES)):
             return False
         pos += 9 + length
         most -= 1
@@ -62,10 +63,10 @@ def name_of(ex: Exchange) -> str:
     req, resp = ex.req, ex.resp
     if _tls_record(req) or (not req and _tls_record(resp)):
         return "tls"
-    if req.startswith(H2_PREFACE[: len(req)]) and len(req) >= 3 and req[:3] == b"PRI":
+    if len(req) >= 3 and H2_PREFACE.startswith(req[: len(H2_PREFACE)]):  # the preface, maybe cut
         return "http2"
-    if _h2_frames(req) and (not resp or _h2_frames(resp)):
-        return "http2"
+    if (req or resp) and (not req or _h2_frames(req)) and (not resp or _h2_frames(resp)):
+        return "http2"  # frames both ways; or one way: the server's SETTINGS, sent first
     return "unknown"
 
 
