@@ -112,8 +112,17 @@ class Wrk:
     sys_s: float     # of which in the kernel
 
 
-def run_wrk(url: str, conns: int, seconds: int) -> Wrk:
-    p = subprocess.Popen(["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", url],
+def filler_headers(n: int) -> list[str]:
+    """n 40-byte headers, then a traceparent: a request head the size real
+    clients send (the openai client's is ~600 bytes), past capture.request_bytes,
+    so the kernel searches it for the trace context."""
+    tp = "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    return [f"x-filler-{i:02d}: {'f' * 26}" for i in range(n)] + ([tp] if n else [])
+
+
+def run_wrk(url: str, conns: int, seconds: int, headers: list[str] = ()) -> Wrk:
+    p = subprocess.Popen(["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--latency",
+                          *(x for h in headers for x in ("-H", h)), url],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = p.stdout.read()
     p.stdout.close()
@@ -288,8 +297,8 @@ class Result:
 
 
 def measure(group: str, config: str, rnd: int, url: str, conns: int, seconds: float, warmup: float,
-            server: psutil.Process, agent: Agent | None = None) -> Result:
-    warm = run_wrk(url, conns, warmup).requests if warmup > 0 else 0
+            server: psutil.Process, agent: Agent | None = None, headers: list[str] = ()) -> Result:
+    warm = run_wrk(url, conns, warmup, headers).requests if warmup > 0 else 0
     if agent:
         agent.settled()  # let the agent work off the warm-up's backlog outside the measured window
     before = agent.counts() if agent else None
@@ -298,9 +307,9 @@ def measure(group: str, config: str, rnd: int, url: str, conns: int, seconds: fl
     stats = BpfStats(agent.prog_ids if agent else set())
     if stats.prog_ids:
         with stats:
-            w = run_wrk(url, conns, seconds)
+            w = run_wrk(url, conns, seconds, headers)
     else:
-        w = run_wrk(url, conns, seconds)
+        w = run_wrk(url, conns, seconds, headers)
     s1, k1 = cpu_s(server), sys_s(server)
     r = Result(group, config, rnd, w, s1 - s0, k1 - k0, warmup_requests=warm, bpf=stats.delta)
     if agent:
@@ -478,7 +487,11 @@ def main() -> int:
     ap.add_argument("--bpf-stats", action="store_true",
                     help="also time each of the agent's BPF programs (kernel.bpf_stats_enabled) "
                          "during (b) and (b'); adds a little in-kernel cost of its own")
+    ap.add_argument("--headers", type=int, default=0, metavar="N",
+                    help="send N 40-byte headers and a traceparent with every request (a head "
+                         "past capture.request_bytes: what the trace-context search costs)")
     a = ap.parse_args()
+    headers = filler_headers(a.headers)
     if os.geteuid() != 0:
         print("bench_http: run as root (the agent loads BPF; nginx runs as root)", file=sys.stderr)
         return 2
@@ -488,7 +501,7 @@ def main() -> int:
             return 2
 
     argv = " ".join(shlex.quote(x) for x in sys.argv[1:])
-    print(f"reproduce: cd {ROOT} && sudo .venv/bin/python bench/bench_http.py {argv}".rstrip())
+    print(f"reproduce: cd {ROOT} && .venv/bin/python bench/bench_http.py {argv}".rstrip())
     for line in machine():
         print(line)
     print(f"each measurement: {a.warmup:g} s wrk warm-up, then {a.seconds:g} s measured; "
@@ -527,7 +540,7 @@ def main() -> int:
                                       a.bpf_stats)
                     try:
                         r = measure("python", c, rnd, url, 4, a.seconds, a.warmup,
-                                    psutil.Process(proc.pid), agent)
+                                    psutil.Process(proc.pid), agent, headers)
                     finally:
                         if agent:
                             agent.stop()
@@ -552,7 +565,8 @@ def main() -> int:
                         agent = Agent(["--pid", str(idle.pid)], [idle.pid], tmp, f"nginx-idle-r{rnd}",
                                       a.bpf_stats)
                     try:
-                        results.append(measure("nginx", c, rnd, url, 16, a.seconds, a.warmup, worker, agent))
+                        results.append(measure("nginx", c, rnd, url, 16, a.seconds, a.warmup, worker, agent,
+                                               headers))
                     finally:
                         if agent:
                             agent.stop()

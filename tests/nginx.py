@@ -23,15 +23,17 @@ http {{
     server {{
         listen 127.0.0.1:{port};
         location / {{ root {d}/www; }}
+{locations}
     }}
 }}
 """
 
 
-def static_site(d: Path, port: int) -> list[str]:
-    """Write the site and its config under d; the nginx command that serves it."""
+def static_site(d: Path, port: int, locations: str = "") -> list[str]:
+    """Write the site and its config under d, with more `location` blocks if
+    given; the nginx command that serves it."""
     (d / "www").mkdir(parents=True)
     (d / "tmp").mkdir()
     (d / "www" / "index.html").write_text("<h1>sitsprobe</h1>\n" * 20)
-    (d / "nginx.conf").write_text(NGINX_CONF.format(d=d, port=port))
+    (d / "nginx.conf").write_text(NGINX_CONF.format(d=d, port=port, locations=locations))
     return ["nginx", "-c", str(d / "nginx.conf"), "-p", str(d)]

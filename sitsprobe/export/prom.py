@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry

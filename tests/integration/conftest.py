@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -167,6 +168,57 @@ def running_agent(d: Path, select: dict, traces: dict, extra: dict):
             proc.send_signal(signal.SIGINT)
             proc.wait(60)
         print(log.read_text())
+
+
+class Nginx:
+    """tests/nginx.py's static site (plus `locations`) served by a real nginx,
+    one worker, once the agent tracks it; stopped by SIGTERM, so that the
+    master takes its worker with it."""
+
+    name = "nginx"
+
+    def __init__(self, agent: AgentHandle, d: Path, port: int | None = None, locations: str = ""):
+        from tests.nginx import static_site
+
+        if not shutil.which("nginx"):
+            pytest.skip("no nginx on PATH: .ci/run installs it")
+        self.port = port or free_port()
+        self.proc = subprocess.Popen(static_site(d, self.port, locations))
+        self.pid = self.proc.pid
+        self.workers = wait_until(self._workers, 10, "the nginx worker")
+        self.pids = [self.pid, *self.workers]
+        wait_until(lambda: all(agent.tracks(p) for p in self.workers), 10, "the agent to track nginx")
+        wait_until(lambda: _accepts(self.port), 10, f"nginx on port {self.port}")
+
+    def _workers(self) -> list[int]:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"nginx exited {self.proc.returncode} (port {self.port} taken?)")
+        return children(self.pid)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 class Server:

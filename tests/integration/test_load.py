@@ -10,31 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.nginx import static_site
 
-from .conftest import free_port, wait_until
+from .conftest import Nginx, wait_until
 
 AGENT_TRACES = {"max_per_second": 200}  # traces are sampled under load; metrics are not
 
 
 @pytest.fixture
 def nginx(agent, tmp_path: Path):
-    if not shutil.which("nginx") or not shutil.which("ab"):
-        pytest.skip("nginx and ab (apache2-utils) are needed: .ci/run installs them")
-    port = free_port()
-    proc = subprocess.Popen(static_site(tmp_path / "nginx", port))
-    pids = wait_until(lambda: _children(proc.pid), 10, "the nginx worker")
-    wait_until(lambda: all(agent.tracks(p) for p in pids), 10, "the agent to track nginx")
-    yield port, pids[0]
-    proc.terminate()
-    proc.wait(10)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+    if not shutil.which("ab"):
+        pytest.skip("ab (apache2-utils) is needed: .ci/run installs it")
+    with Nginx(agent, tmp_path / "nginx") as n:
+        yield n.port, n.workers[0]
 
 
 def test_request_counter_equals_the_load_tools_tally_under_saturation(agent, nginx):

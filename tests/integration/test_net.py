@@ -237,40 +237,22 @@ def test_no_query_secret_leaves_the_agent(agent, tmp_path):
     """`?api_key=...&token=...` sent by a real client (urllib) to our server
     and to nginx: the traces (file and OTLP receiver), the metrics and the
     agent's log never hold the values; the names stay, and so do the routes."""
-    import subprocess
     import urllib.request
 
-    from tests.nginx import static_site
-    from .conftest import free_port
+    from .conftest import Nginx
 
-    port = free_port()
-    nginx = subprocess.Popen(static_site(tmp_path / "nginx", port))
-    try:
-        with Server(agent) as server:
-            wait_until(lambda: any(agent.tracks(p) for p in _children(nginx.pid)), 10,
-                       "the agent to track nginx")
-            for p in (server.port, port):
-                for i in range(3):
-                    url = f"http://127.0.0.1:{p}/items/{i}?api_key=SECRET{i}&token=SECRET2&mode=x"
-                    try:
-                        urllib.request.urlopen(url, timeout=5).read()
-                    except urllib.error.HTTPError as e:  # nginx: 404, a response all the same
-                        e.read()
-            spans = agent.traces.wait_for_port(server.port, 3) + agent.traces.wait_for_port(port, 3)
-            wait_until(lambda: len(agent.receiver.spans()) >= 6, 10, "the OTLP receiver's spans")
-            scrape = agent.scrape()
-    finally:
-        nginx.kill()
-        nginx.wait()
+    with Nginx(agent, tmp_path / "nginx") as nginx, Server(agent) as server:
+        for port in (server.port, nginx.port):
+            for i in range(3):
+                url = f"http://127.0.0.1:{port}/items/{i}?api_key=SECRET{i}&token=SECRET2&mode=x"
+                try:
+                    urllib.request.urlopen(url, timeout=5).read()
+                except urllib.error.HTTPError as e:  # nginx: 404, a response all the same
+                    e.read()
+        spans = agent.traces.wait_for_port(server.port, 3) + agent.traces.wait_for_port(nginx.port, 3)
+        wait_until(lambda: len(agent.receiver.spans()) >= 6, 10, "the OTLP receiver's spans")
+        scrape = agent.scrape()
     assert {s["attrs"]["url.query"] for s in spans} == {"api_key=REDACTED&token=REDACTED&mode=REDACTED"}
     assert {s["attrs"]["http.route"] for s in spans} == {"/items/{id}"}
     exported = agent.traces.path.read_text() + repr(agent.receiver.spans()) + scrape + agent.log.read_text()
     assert "SECRET" not in exported
-
-
-def _children(pid: int) -> list[int]:
-    import psutil
-    try:
-        return [c.pid for c in psutil.Process(pid).children()]
-    except psutil.NoSuchProcess:
-        return []

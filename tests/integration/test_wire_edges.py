@@ -28,9 +28,8 @@ from pathlib import Path
 import pytest
 
 from sitsprobe.procs import established
-from tests.nginx import static_site
 
-from .conftest import TAG, Engine, Server, free_port, require_root, running_agent, wait_until
+from .conftest import TAG, Engine, Nginx, Server, require_root, running_agent, wait_until
 from .edge_peers import GREETER, SAY_HELLO, Peer
 from .test_net import Client
 
@@ -341,22 +340,8 @@ CONNECTIONS = 500
 def nginx(agent, tmp_path: Path):
     if not shutil.which("nginx") or not shutil.which("wrk"):
         pytest.skip("nginx and wrk are needed")
-    port = free_port()
-    proc = subprocess.Popen(static_site(tmp_path / "nginx", port))  # worker_connections 1024
-    try:
-        pids = wait_until(lambda: _children(proc.pid), 10, "the nginx worker")
-        wait_until(lambda: all(agent.tracks(p) for p in pids), 10, "the agent to track nginx")
-        yield port, pids
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+    with Nginx(agent, tmp_path / "nginx") as n:  # worker_connections 1024
+        yield n.port, n.workers
 
 
 def test_a_full_connection_table_still_counts_every_response(agent, nginx):

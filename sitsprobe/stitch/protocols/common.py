@@ -4,10 +4,6 @@ from __future__ import annotations
 from ...events import CF_TCP, CF_TUPLE, END_CLOSE, END_EXIT, Exchange
 
 
-def answered(ex: Exchange) -> bool:
-    return ex.first_out_ns != 0
-
-
 def end_ns(ex: Exchange) -> int:
     """The last byte out, or the last byte in for an exchange with no answer."""
     return ex.last_out_ns if ex.first_out_ns else ex.last_in_ns

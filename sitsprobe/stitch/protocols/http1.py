@@ -17,7 +17,7 @@ from ...request import Request
 from ...routes import RouteMapper
 from ..http import (looks_like_request, parse_request_heads, parse_response_head,
                     parse_traceparent, path_of, request_line)
-from .common import answered, end_ns, ended_early, transport
+from .common import end_ns, ended_early, transport
 
 NAME = "http/1.1"
 REQUEST_MISSED = "request_missed"  # sitsprobe.partial: only the response was seen
