@@ -1,0 +1,193 @@
+"""Servers no one here wrote, for the wire-truth tests: uvicorn+Starlette,
+aiohttp and nginx, as their users run them.
+
+    python peers.py uvicorn|aiohttp --tag sitsprobe-testserver [--name COMM] [--record DIR]
+
+prints its port on stdout's first line, then serves until killed. Its argv
+carries the tag so the agent selects it by command line; --name sets the
+process's comm (what the agent's `process` label shows), so each server's
+metrics can be told apart from the others'. --record (uvicorn) appends the
+bytes each connection received, exactly as read, to DIR/conn-N.raw.
+
+  GET  /sse?first=S&gaps=A,B,...  text/event-stream: headers at once, the first
+                                  event S seconds later, then one event after
+                                  each gap (len(gaps) + 1 events), then the end
+  GET  /json/ANY                  200, a small JSON body
+  GET  /status/NNN                status NNN, body "status NNN\\n"
+  POST /v1/chat/completions       (uvicorn) a fixed OpenAI chat completion
+
+`status_locations` gives nginx one location per status.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import itertools
+import os
+import socket
+import sys
+
+PR_SET_NAME = 15
+COMPLETION = {
+    "id": "chatcmpl-wiretruth", "object": "chat.completion", "created": 1700000000,
+    "model": "wire-truth-1",
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "told true"}}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+}
+
+
+def event(i: int) -> bytes:
+    return f"data: token {i}\n\n".encode()
+
+
+def sse_schedule(query) -> tuple[float, list[float]]:
+    """(pause before the first event, gaps between events) from ?first=&gaps=."""
+    gaps = [float(g) for g in query.get("gaps", "").split(",") if g]
+    return float(query.get("first", 0)), gaps
+
+
+# -- uvicorn + Starlette --------------------------------------------------------
+
+
+def starlette_app():
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def sse(request):
+        first, gaps = sse_schedule(request.query_params)
+
+        async def events():
+            await asyncio.sleep(first)
+            yield event(0)
+            for i, gap in enumerate(gaps, 1):
+                await asyncio.sleep(gap)
+                yield event(i)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def as_json(request):
+        return JSONResponse({"path": request.url.path})
+
+    async def status(request):
+        code = request.path_params["code"]
+        return PlainTextResponse(f"status {code}\n", status_code=code)
+
+    async def chat(request):
+        await request.body()
+        return JSONResponse(COMPLETION)
+
+    return Starlette(routes=[
+        Route("/sse", sse), Route("/json/{rest:path}", as_json), Route("/status/{code:int}", status),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+    ])
+
+
+def recording_protocol(directory: str):
+    """uvicorn's own HTTP/1.1 protocol, keeping what each connection received."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    numbers = itertools.count()
+
+    class Recording(AutoHTTPProtocol):
+        def connection_made(self, transport):
+            self._record = open(os.path.join(directory, f"conn-{next(numbers)}.raw"), "ab", buffering=0)
+            super().connection_made(transport)
+
+        def data_received(self, data: bytes) -> None:
+            self._record.write(data)
+            super().data_received(data)
+
+        def connection_lost(self, exc):
+            self._record.close()
+            super().connection_lost(exc)
+
+    return Recording
+
+
+def serve_uvicorn(sock: socket.socket, record: str | None) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(starlette_app(), log_level="warning", access_log=False, lifespan="off",
+                            http=recording_protocol(record) if record else "auto")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+# -- aiohttp ---------------------------------------------------------------------
+
+
+def aiohttp_app():
+    from aiohttp import web
+
+    async def sse(request):
+        first, gaps = sse_schedule(request.query)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)  # a StreamResponse sends its headers here
+        await asyncio.sleep(first)
+        await resp.write(event(0))
+        for i, gap in enumerate(gaps, 1):
+            await asyncio.sleep(gap)
+            await resp.write(event(i))
+        await resp.write_eof()
+        return resp
+
+    async def as_json(request):
+        return web.json_response({"path": request.path})
+
+    async def status(request):
+        code = int(request.match_info["code"])
+        return web.Response(status=code, text=f"status {code}\n")
+
+    app = web.Application()
+    app.router.add_get("/sse", sse)
+    app.router.add_get("/json/{rest:.*}", as_json)
+    app.router.add_get("/status/{code}", status)
+    return app
+
+
+def serve_aiohttp(sock: socket.socket) -> None:
+    from aiohttp import web
+
+    web.run_app(aiohttp_app(), sock=sock, print=None, access_log=None, handle_signals=False)
+
+
+# -- nginx -------------------------------------------------------------------------
+
+NGINX_STATUSES = (201, 202, 203, 204, 400, 401, 403, 409, 418, 503)
+
+def status_locations() -> str:
+    """`location = /s/NNN { return NNN ...; }` for each of NGINX_STATUSES, for
+    tests/nginx.py's static site (index.html through sendfile, 404 for a
+    missing file)."""
+    return "\n".join(f"        location = /s/{code} {{ return {code}{_nginx_body(code)}; }}"
+                     for code in NGINX_STATUSES)
+
+
+def _nginx_body(code: int) -> str:
+    return "" if code == 204 else f' "s{code}\\n"'
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("server", choices=("uvicorn", "aiohttp"))
+    ap.add_argument("--tag", default="sitsprobe-testserver")
+    ap.add_argument("--name", help="the process's comm (15 bytes at most)")
+    ap.add_argument("--record", help="uvicorn: append each connection's received bytes under this folder")
+    a = ap.parse_args()
+    if a.name:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_NAME, a.name.encode()[:15], 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"prctl(PR_SET_NAME, {a.name!r})")
+    sock = socket.create_server(("127.0.0.1", 0), backlog=256)
+    sock.setblocking(False)
+    print(sock.getsockname()[1], flush=True)
+    if a.server == "uvicorn":
+        serve_uvicorn(sock, a.record)
+    else:
+        serve_aiohttp(sock)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
