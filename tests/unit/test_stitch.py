@@ -176,3 +176,13 @@ def test_enrich_redacts_every_query_value_but_those_kept():
 def test_protocols_are_asked_in_order():
     assert protocol_of(exchange()) is http1
     assert protocol_of(exchange(req=b"\x16\x03\x01\x00\x10", status=0)) is opaque
+
+
+def test_a_resp_exchange_is_due_once_every_command_has_its_whole_reply():
+    s = stitcher()
+    two = b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n*2\r\n$3\r\nGET\r\n$1\r\nb\r\n"
+    assert s.due(exchange(req=two, resp=b"$1\r\nx\r\n$-1\r\n", status=0))
+    assert not s.due(exchange(req=two, resp=b"$1\r\nx\r\n", status=0))  # one reply still to come
+    assert not s.due(exchange(req=two, resp=b"$5\r\nxy", status=0))  # a reply cut
+    big = exchange(req=two, resp=b"$1\r\nx\r\n$-1\r\n", status=0, bytes_out=10_000)
+    assert not s.due(big)  # more was sent than captured: cannot tell

@@ -2,7 +2,8 @@
 that came back; and the probe-free Redis hits and misses read off them.
 
 A RESP exchange is framed as one Request named for its first command; it
-ends when the client sends more or closes (`complete` never says earlier).
+ends when the client sends more or closes, or earlier when every command's
+reply was captured whole (`complete`).
 
 ``resp_get_results(request, reply)`` pairs the commands a client sent with
 the replies Redis sent back, in order, and reports each GET (and GETEX) key
@@ -256,7 +257,21 @@ def claims(ex: Exchange) -> bool:
 
 
 def complete(ex: Exchange) -> bool:
-    return False
+    """Every command has its whole reply: both sides were captured whole
+    (capture.request_bytes / response_bytes) and the reply bytes parse as at
+    least as many complete replies as there are commands. A big reply is not
+    captured whole: that exchange waits for the client's next command."""
+    if not ex.first_out_ns or len(ex.req) != ex.bytes_in or len(ex.resp) != ex.bytes_out:
+        return False
+    try:
+        commands = sum(1 for _, whole in _commands(ex.req) if whole)
+        replies, pos = 0, 0
+        while pos < len(ex.resp):
+            v, pos = _value(ex.resp, pos)
+            replies += v[0] != "push"
+    except Exception:  # cut, or bytes that are not RESP
+        return False
+    return 0 < commands <= replies
 
 
 def command_name(request_bytes: bytes) -> str | None:
