@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 
@@ -15,8 +15,10 @@ from .config import Config
 from .containers import Container, container_of
 from .errors import ProbeAttachError, SitsprobeError
 from .events import Exchange, MarkerEvent, ProcessNotice
-from .export.otlp import TraceExporter
-from .export.prom import KernelMetrics, RequestMetrics, serve
+from .export import otlp_settings
+from .export.otlp import TraceExporter, within
+from .export.prom import KernelMetrics, RequestMetrics, SpanAccounting, serve
+from .losses import LossLog, loss_totals
 from .request import Request
 from .routes import RouteMapper
 from .sampling import TraceSampler
@@ -54,7 +56,11 @@ class Agent:
         self._redact = frozenset(config.capture.redact_headers)
         self._keep_query = frozenset(config.capture.keep_query_params)
         self.tracked: dict[int, str] = {}  # pid -> comm
+        self._thread_names: dict[tuple[int, str], str] = {}  # (pid, a thread's comm) -> the process's
         self.names: dict[int, str] = {}  # every pid ever tracked -> comm, for metrics
+        # the kernel's counts of processes that exited, by name: (name, status) -> responses
+        self._exited_status: dict[tuple[str, int], int] = {}
+        self._exited_untracked: dict[str, int] = {}
         self.containers: dict[int, Container | None] = {}  # tracked pid -> its container
         self.hooks: dict[str, str] = {}
         self.ready = False
@@ -68,12 +74,17 @@ class Agent:
         self.otlp_metrics = None
         self.exporter = None
         self.http = None
+        self.losses = LossLog(lambda: loss_totals(
+            self._counters(), self.cache_stats and self.cache_stats.kernel))
 
     # -- start-up -----------------------------------------------------------------
 
-    @property
-    def otlp_endpoint(self) -> str | None:
-        return self.config.traces.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    def otlp(self, signal: str):
+        """Where ``signal`` ("metrics", "logs") goes over OTLP, by the rules the
+        traces follow too: traces.otlp_* above the OTEL_EXPORTER_OTLP_* variables;
+        None when no endpoint is set for it."""
+        t = self.config.traces
+        return otlp_settings.settings(signal, endpoint=t.otlp_endpoint, protocol=t.otlp_protocol)
 
     def start(self) -> None:
         from .probes import capability
@@ -102,7 +113,7 @@ class Agent:
             cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
                    max_connections=self.config.stitch.max_connections,
                    ring_buffer_mib=self.config.ring_buffer_mib, tcp_sendmsg=tcp_hook),
-            self._on_exchange, self._on_notice)
+            self._on_exchange, self._on_notice, self._process_name)
         if self.config.engine.markers:
             from .probes.markers import MarkerProbe
             self.markers = MarkerProbe(None, self._on_marker)
@@ -117,9 +128,9 @@ class Agent:
         self._register_metrics(registry)
         if self.config.metrics.port:
             self._serve_metrics(registry)
-        if self.otlp_endpoint:
+        if (otlp := self.otlp("metrics")) is not None:
             from .export.otlp_metrics import OtlpMetricsBridge
-            self.otlp_metrics = OtlpMetricsBridge(registry, self.otlp_endpoint, t.otlp_protocol,
+            self.otlp_metrics = OtlpMetricsBridge(registry, otlp,
                                                   self.config.traces.metrics_interval_s)
         self._rescan()
         self.ready = True
@@ -167,7 +178,7 @@ class Agent:
         from .gpuwatch import GpuWatch
         from .probes.cuda import cflags as cuda_cflags
 
-        g, t = self.config.gpu, self.config.traces
+        g = self.config.gpu
         self.gpu = GpuWatch(
             clock=self.clock, name_of=lambda pid: self.names.get(pid, "?"),
             interval_s=g.interval_ms / 1000, cuda_probes=g.cuda_probes,
@@ -176,7 +187,7 @@ class Agent:
                                     sustain_s=g.collapse_sustain_s, clear_s=g.collapse_clear_s,
                                     min_working_percent=g.collapse_min_working_percent,
                                     min_history_s=g.collapse_min_history_s),
-            alerts=AlertExporter(self.clock, self.otlp_endpoint, t.otlp_protocol),
+            alerts=AlertExporter(self.clock, self.otlp("logs")),
             backend=self._gpu_backend)
         self.gpu.start(registry, cuda_cflags())
         if self.gpu.cuda is not None:
@@ -184,13 +195,12 @@ class Agent:
 
     def _register_metrics(self, registry: CollectorRegistry) -> None:
         registry.register(self.metrics)
+        registry.register(SpanAccounting(self.exporter.accounting))
         registry.register(KernelMetrics(
-            self._counters, self.probe.status_counts,
-            lambda pid: self.names.get(pid, "?"), self._gauges,
-            lambda: {"seen": self.sampler.seen, "exported": self.sampler.exported,
-                     "dropped": self.sampler.dropped,
-                     "dropped_queue_full": self.exporter.dropped_by_queue},
-            lambda: dict(self.tracked), self.containers.get, self.probe.untracked_counts))
+            self._counters, self._status_rows, self._gauges,
+            lambda: {"seen": self.sampler.seen, "sampled": self.sampler.exported,
+                     "sampled_out": self.sampler.dropped},
+            lambda: dict(self.tracked), self.containers.get, self._untracked_rows))
 
     def _serve_metrics(self, registry: CollectorRegistry) -> None:
         m = self.config.metrics
@@ -216,7 +226,7 @@ class Agent:
     # -- processes ----------------------------------------------------------------
 
     def _track(self, info: procs.ProcInfo) -> None:
-        self.probe.track(info.pid, info.comm)
+        self.probe.track(info.pid)
         self.tracked[info.pid] = self.names[info.pid] = info.comm
         self.containers[info.pid] = container_of(info.pid)
         listening = procs.listening_ports(info.pid)
@@ -233,7 +243,22 @@ class Agent:
                  f": {len(seeded)} connection(s) from before, {adopted} read(s) in progress"
                  if seeded else "")
 
+    def _process_name(self, pid: int, thread: str) -> str:
+        """The name an exchange made by a thread named ``thread`` goes by: the
+        process's (/proc/PID/comm, its main thread's), read once per pid and
+        thread name. Its I/O threads' names ("event_engine") are not the
+        server's, and a process that renamed itself is known by its new name."""
+        name = self._thread_names.get((pid, thread))
+        if name is None:
+            info = procs.read_info(pid)
+            name = info.comm if info is not None else self.names.get(pid, thread)
+            if pid in self.tracked:
+                self.tracked[pid] = self.names[pid] = name
+                self._thread_names[(pid, thread)] = name
+        return name
+
     def _retire(self, pid: int) -> None:
+        self._thread_names = {k: v for k, v in self._thread_names.items() if k[0] != pid}
         comm = self.tracked.pop(pid, None)
         self.containers.pop(pid, None)
         self.probe.untrack(pid)
@@ -243,9 +268,32 @@ class Agent:
             self.gpu.forget(pid)
         for ex in self.probe.forget(pid):
             self._take(ex, self.stitcher.on_flush(exited(ex), final=True))
+        self._fold_counts(pid)
         self.exporter.close_process(pid)
         if comm is not None:
             log.info("%s[%d] exited", comm, pid)
+
+    def _fold_counts(self, pid: int) -> None:
+        """An exited process's kernel counts join its name's totals (pid ""):
+        none is lost, and exited processes leave one series per name."""
+        statuses, untracked = self.probe.take_counts(pid)
+        name = self.names.get(pid, "?")
+        for status, n in statuses.items():
+            self._exited_status[(name, status)] = self._exited_status.get((name, status), 0) + n
+        if untracked:
+            self._exited_untracked[name] = self._exited_untracked.get(name, 0) + untracked
+
+    def _status_rows(self) -> dict[tuple[str, str, int], int]:
+        """sitsprobe_http_server_requests_total's rows: (pid, process, status) -> count."""
+        rows = {(str(t), self.names.get(t, "?"), s): n for (t, s), n in self.probe.status_counts().items()}
+        for (name, status), n in self._exited_status.items():
+            rows[("", name, status)] = n
+        return rows
+
+    def _untracked_rows(self) -> dict[tuple[str, str], int]:
+        rows = {(str(t), self.names.get(t, "?")): n for t, n in self.probe.untracked_counts().items()}
+        rows.update({("", name): n for name, n in self._exited_untracked.items()})
+        return rows
 
     def _rescan(self) -> None:
         found = procs.select(self.selector, known=self.tracked, memo=self._listen_memo)
@@ -254,7 +302,7 @@ class Agent:
                 self._track(info)
             elif info.comm != self.tracked[pid]:  # it renamed itself (prctl, setproctitle)
                 self.tracked[pid] = self.names[pid] = info.comm
-                self.probe.track(pid, info.comm)
+                self._thread_names = {k: v for k, v in self._thread_names.items() if k[0] != pid}
         for pid in [p for p in self.tracked if p not in found and procs.read_info(p) is None]:
             self._retire(pid)
         if self.cache is not None:
@@ -288,10 +336,18 @@ class Agent:
     def _on_notice(self, n: ProcessNotice) -> None:
         if n.kind == "exit":
             self._retire(n.tgid)
-        elif n.tgid not in self.tracked:
-            info = procs.read_info(n.tgid)
+            return
+        info = procs.read_info(n.tgid)
+        if n.tgid not in self.tracked:
             if info is not None and self.selector.matches(info):
                 self._track(info)
+        elif info is None or not self.selector.matches(info, procs.listening_ports(n.tgid)):
+            log.info("%s[%d] became %s, which is not selected", self.tracked[n.tgid], n.tgid,
+                     info.comm if info else "?")
+            self._retire(n.tgid)  # it exec'd into another program
+        elif info.comm != self.tracked[n.tgid]:
+            self.tracked[n.tgid] = self.names[n.tgid] = info.comm
+            self._thread_names = {k: v for k, v in self._thread_names.items() if k[0] != n.tgid}
 
     # -- events -------------------------------------------------------------------
 
@@ -318,8 +374,15 @@ class Agent:
         self._release(ready, now)
 
     def _enrich(self, r: Request) -> Request:
-        """What only a traced request pays for: its headers, its GPU use."""
+        """What only a traced request pays for: its headers, its GPU use; and
+        its engine's cache keys as the cache.prefix_* settings export them
+        (raw only with cache.export_raw_keys)."""
         r = enrich(r, self._redact, self._keep_query)
+        inf = r.inference
+        if inf is not None and inf.cache:
+            extract = self.cache_stats.extract
+            r = r._replace(inference=replace(inf, cache=tuple(replace(c, key=extract(c.key))
+                                                              for c in inf.cache)))
         return r if self.gpu is None else self.gpu.attribute(r)
 
     def _release(self, requests: list[Request], now: int) -> None:
@@ -363,6 +426,7 @@ class Agent:
                     self.gpu.tick(list(self.tracked), self._demand(in_flight))
                 for r in self.sampler.flush(time.monotonic_ns()):
                     self.exporter.export(self._enrich(r))
+                self.losses.tick(now)  # a loss said as it starts, lasts and stops
                 next_flush = now + flush_every
             if now >= next_rescan:
                 self._rescan()
@@ -386,26 +450,40 @@ class Agent:
             self.engine.batch_sizes.clear()
 
     def close(self) -> None:
-        """Drain, report what is still open, flush the exporters, detach."""
+        """Drain, report what is still open, detach every probe, then flush
+        the exporters: all within config.stop_timeout_s of the call, whatever
+        the collector does. What is not delivered by then is counted as
+        dropped at shutdown, and the log says what became of it all."""
+        deadline = time.monotonic() + self.config.stop_timeout_s
         self.ready = False
-        if self.markers is not None:
-            self.markers.poll(0)
-        if self.probe is not None:
-            self.probe.poll(0)
-            self._flush(everything=True)
-            self._engine_tick(time.monotonic_ns(), everything=True)
-            for r in self.sampler.flush():
-                self.exporter.export(self._enrich(r))
+        try:
+            if self.markers is not None:
+                self.markers.poll(0)
+            if self.probe is not None:
+                self.probe.poll(0)
+                self._flush(everything=True)
+                self._engine_tick(time.monotonic_ns(), everything=True)
+                for r in self.sampler.flush():
+                    self.exporter.export(self._enrich(r))
+                self.losses.finish()  # the totals, if anything was lost
+            # the metrics' last export reads the probes' maps: before they go, in half the time left
+            half = time.monotonic() + max(0.0, deadline - time.monotonic()) / 2
+            within(half, [x.shutdown for x in (self.otlp_metrics,) if x is not None])
+        finally:
+            self._detach(deadline)
         if self.exporter is not None:
-            self.exporter.shutdown()
-        if self.otlp_metrics is not None:
-            self.otlp_metrics.shutdown()
+            self.exporter.shutdown(deadline)
+            self._log_accounting()
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()
+
+    def _detach(self, deadline: float) -> None:
+        """Every probe off, even if a step before failed. The GPU layer's
+        alert exporter is flushed last in its close(), within the deadline."""
         if self.gpu is not None:
-            self.gpu.close()
-            self.gpu = None
+            gpu, self.gpu = self.gpu, None
+            within(deadline, [gpu.close])
         if self.cache is not None:
             self.cache.consume()
             self.cache.close()
@@ -417,3 +495,11 @@ class Agent:
             self.probe.close()
             self.probe = None
 
+    def _log_accounting(self) -> None:
+        s = self.sampler
+        sinks = "; ".join(
+            f"{sink}: {c.delivered} delivered"
+            + "".join(f", {getattr(c, r)} {r.replace('_', ' ')}" for r in c.REASONS if getattr(c, r))
+            for sink, c in sorted(self.exporter.accounting().items()))
+        log.info("traces: %d requests seen, %d sampled, %d sampled out; spans: %s",
+                 s.seen, s.exported, s.dropped, sinks or "no sink")

@@ -17,7 +17,9 @@ examples:
   sitsprobe run -c /etc/sitsprobe.yaml
 
 Traces go to --traces-file (OTLP/JSON, one ExportTraceServiceRequest per line)
-and/or an OTLP collector (--otlp-endpoint, else $OTEL_EXPORTER_OTLP_ENDPOINT).
+and/or an OTLP collector (--otlp-endpoint, else $OTEL_EXPORTER_OTLP_ENDPOINT;
+metrics and GPU alerts go there too, each signal by the same OTEL_EXPORTER_OTLP_*
+rules, per-signal variables first).
 Prometheus metrics and /healthz are served on --metrics-port (default 9102).
 SIGINT/SIGTERM stop it cleanly: open exchanges are reported, exporters
 flushed, and every probe detached.
@@ -54,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     out = run.add_argument_group("output")
     out.add_argument("--traces-file", metavar="PATH", help="write OTLP/JSON trace lines here")
     out.add_argument("--otlp-endpoint", metavar="URL", help="OTLP collector, e.g. http://localhost:4317")
-    out.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="default grpc")
+    out.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"),
+                     help="default $OTEL_EXPORTER_OTLP_PROTOCOL, else grpc")
     out.add_argument("--metrics-port", type=int, metavar="N", help="Prometheus port, 0 = off (default 9102)")
     run.add_argument("--cache-probe", action="append", metavar="NAME",
                      help="probe a cache's look-ups: redis (the lookupKey preset); repeatable")

@@ -11,6 +11,7 @@ import difflib
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Callable, Mapping
@@ -113,6 +114,7 @@ class Config:
     cache: Cache
     gpu: Gpu
     duration_s: float | None
+    stop_timeout_s: float
     kernel_headers: str | None
     log_level: str
 
@@ -273,6 +275,7 @@ _RULES: dict[str, Rule] = {
     "gpu.collapse_min_working_percent": _num(0, 100),
     "gpu.collapse_min_history_s": _num(0, 3600),
     "duration_s": _opt(_num(0, above=True)),
+    "stop_timeout_s": _num(0.5, 120),
     "kernel_headers": _opt(_PATH),
     "log_level": _choice("debug", "info", "warning", "error"),
 }
@@ -325,9 +328,19 @@ def _parse(text: str, source: str) -> Any:
         raise ConfigError(source, where, "valid YAML", _Shown(f"a syntax error ({problem})")) from None
 
 
+_NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
 def _read(path: str | os.PathLike) -> tuple[str, str]:
+    """The file's text. Anything but a regular file is refused before it is
+    opened: opening a FIFO waits for a writer, forever."""
     source = os.fspath(path)
     try:
+        mode = os.stat(source).st_mode
+        if not stat.S_ISREG(mode):
+            what = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
+            raise ConfigError(source, "file", "a regular file", _Shown(what))
         with open(source, encoding="utf-8") as f:
             return f.read(), source
     except FileNotFoundError:

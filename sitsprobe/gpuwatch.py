@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 
@@ -16,7 +17,7 @@ from .export.alerts import AlertExporter
 from .gpu import (Alert, CollapseConfig, CollapseDetector, HostSampler, NvmlSampler,
                   NvmlUnavailable, ShareTracker)
 from .gpu.attribution import COMPUTE_STAGES, GpuTimeline
-from .gpu.cuda import totals
+from .gpu.cuda import CudaCount, totals
 from .gpu.metrics import CollapseMetrics, CudaMetrics, GpuMetrics
 from .request import GpuUse, Request
 
@@ -41,6 +42,7 @@ class GpuWatch:
         self.alerts: list[Alert] = []
         self._lock = threading.Lock()
         self._next_attach = 0.0
+        self._exited_cuda: dict[tuple[str, str, str], CudaCount] = {}  # (name, function, direction)
 
     def start(self, registry: CollectorRegistry, cuda_flags: list[str] | None) -> None:
         sampler = NvmlSampler(self._backend, interval_s=self._interval_s, clock=self._clock)
@@ -56,7 +58,7 @@ class GpuWatch:
             from .probes.cuda import CudaProbe
             try:
                 self.cuda = CudaProbe(cuda_flags)
-                registry.register(CudaMetrics(self.cuda.counts, self.cuda.counters, self._name))
+                registry.register(CudaMetrics(self._cuda_counts, self.cuda.counters, self._name))
             except Exception as e:  # never take the agent down for an optional layer
                 log.warning("CUDA probes off: %s", e)
         registry.register(CollapseMetrics(self.detector))
@@ -112,10 +114,22 @@ class GpuWatch:
         return r._replace(gpu=GpuUse(request, stages))
 
     def forget(self, pid: int) -> None:
+        """A process exited: its CUDA counts are folded into its name's totals
+        (pid ""), so a call made just before it exited is still counted, and
+        exited processes leave one series per name, not one per pid."""
         self.detector.forget(pid)
         self.timeline.forget(pid)
         if self.cuda is not None:
-            self.cuda.forget(pid)
+            name = self._name(pid)
+            for c in self.cuda.forget(pid):
+                key = (name, c.function, c.direction)
+                was = self._exited_cuda.get(key)
+                self._exited_cuda[key] = replace(c, pid=0, process=name) if was is None else replace(
+                    was, calls=was.calls + c.calls, errors=was.errors + c.errors,
+                    bytes=was.bytes + c.bytes, ns=was.ns + c.ns)
+
+    def _cuda_counts(self) -> list[CudaCount]:
+        return self.cuda.counts() + list(self._exited_cuda.values())
 
     def close(self) -> None:
         if self.sampler is not None:

@@ -1,14 +1,22 @@
-"""Real OTLP trace receivers for tests: gRPC and HTTP/protobuf, on 127.0.0.1.
+"""Real OTLP receivers for tests: gRPC and HTTP/protobuf, on 127.0.0.1.
 
 Both collect every ``ExportTraceServiceRequest`` they are sent, with the
-request's headers (gRPC metadata), and answer as a Collector would.
+request's headers (gRPC metadata), and answer as a Collector would; the
+metrics and logs services (``.metrics``, ``.logs``) keep their requests too.
 """
 from __future__ import annotations
 
 import gzip
+import os
+import socket
+import ssl
+import subprocess
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -19,12 +27,24 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import (
     TraceServiceServicer,
     add_TraceServiceServicer_to_server,
 )
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2_grpc import (
+    LogsServiceServicer,
+    add_LogsServiceServicer_to_server,
+)
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import (
     MetricsServiceServicer,
     add_MetricsServiceServicer_to_server,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 
@@ -44,6 +64,7 @@ def attributes(kvs: list[KeyValue]) -> dict:
 
 class _Receiver:
     endpoint: str
+    request, response = ExportTraceServiceRequest, ExportTraceServiceResponse
 
     def __init__(self) -> None:
         self.requests: list[ExportTraceServiceRequest] = []
@@ -88,15 +109,31 @@ class _Receiver:
         self.close()
 
 
-class _Metrics(MetricsServiceServicer):
-    """OTLP metrics: every ExportMetricsServiceRequest, kept as is."""
+class _Service:
+    """One signal's service: every request it was sent, kept as is, with its headers."""
 
     def __init__(self) -> None:
         self.requests: list = []
+        self.headers: list[dict[str, str]] = []  # per request, names lowercase
 
-    def Export(self, request, context):  # noqa: N802
+    def _collect(self, request, headers: dict[str, str]) -> None:
+        self.headers.append(headers)
         self.requests.append(request)
-        return ExportMetricsServiceResponse()
+
+    def Export(self, request, context):  # noqa: N802 (the gRPC method's name)
+        self._collect(request, {k.lower(): v for k, v in context.invocation_metadata()})
+        return self.response()
+
+
+class _Metrics(_Service, MetricsServiceServicer):
+    """OTLP metrics: every ExportMetricsServiceRequest."""
+
+    request, response = ExportMetricsServiceRequest, ExportMetricsServiceResponse
+
+    def names(self) -> set[str]:
+        """The name of every metric received so far."""
+        return {m.name for req in list(self.requests) for rm in req.resource_metrics
+                for sm in rm.scope_metrics for m in sm.metrics}
 
     def points(self, name: str) -> list[tuple[dict, float]]:
         """(attributes, value) of the data points of metric `name`, in the last export that has it."""
@@ -111,15 +148,45 @@ class _Metrics(MetricsServiceServicer):
         return []
 
 
+class _Logs(_Service, LogsServiceServicer):
+    """OTLP logs: every ExportLogsServiceRequest."""
+
+    request, response = ExportLogsServiceRequest, ExportLogsServiceResponse
+
+    def records(self) -> list[tuple[dict, LogRecord]]:
+        """Every log record received so far, with its resource's attributes."""
+        return [(attributes(rl.resource.attributes), record)
+                for req in list(self.requests) for rl in req.resource_logs
+                for sl in rl.scope_logs for record in sl.log_records]
+
+
+@dataclass(frozen=True)
+class Tls:
+    """A receiver's TLS: its certificate and key (PEM files), and the CA that
+    client certificates must come from (None: no client certificate asked for)."""
+
+    certificate: str
+    key: str
+    client_ca: str | None = None
+
+
 class GrpcOtlpReceiver(_Receiver, TraceServiceServicer):
-    def __init__(self) -> None:
+    def __init__(self, tls: Tls | None = None, port: int = 0) -> None:
+        """port 0: any free one; a given one: a receiver restarted where the agent sends."""
         super().__init__()
         self._server = grpc.server(ThreadPoolExecutor(max_workers=4))
         add_TraceServiceServicer_to_server(self, self._server)
-        self.metrics = _Metrics()
+        self.metrics, self.logs = _Metrics(), _Logs()
         add_MetricsServiceServicer_to_server(self.metrics, self._server)
-        port = self._server.add_insecure_port("127.0.0.1:0")
-        self.endpoint = f"http://127.0.0.1:{port}"
+        add_LogsServiceServicer_to_server(self.logs, self._server)
+        if tls is None:
+            port = self._server.add_insecure_port(f"127.0.0.1:{port}")
+        else:
+            port = self._server.add_secure_port(f"127.0.0.1:{port}", grpc.ssl_server_credentials(
+                [(Path(tls.key).read_bytes(), Path(tls.certificate).read_bytes())],
+                root_certificates=Path(tls.client_ca).read_bytes() if tls.client_ca else None,
+                require_client_auth=tls.client_ca is not None))
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
         self._server.start()
 
     def Export(self, request, context):  # noqa: N802 (the gRPC method's name)
@@ -135,14 +202,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        if self.path != "/v1/traces":
-            self._reply(404, b"")
+        rx = self.server.receiver
+        service = {"/v1/traces": rx, "/v1/metrics": rx.metrics, "/v1/logs": rx.logs}.get(self.path)
+        if service is None or self.headers.get("Content-Type") != "application/x-protobuf":
+            self._reply(404 if service is None else 415, b"")
             return
         if self.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
-        request = ExportTraceServiceRequest.FromString(body)
-        self.server.receiver._collect(request, {k.lower(): v for k, v in self.headers.items()})
-        self._reply(200, ExportTraceServiceResponse().SerializeToString())
+        service._collect(service.request.FromString(body), {k.lower(): v for k, v in self.headers.items()})
+        self._reply(200, service.response().SerializeToString())
 
     def _reply(self, code: int, body: bytes) -> None:
         self.send_response(code)
@@ -161,11 +229,21 @@ class _HttpServer(ThreadingHTTPServer):
 
 
 class HttpOtlpReceiver(_Receiver):
-    def __init__(self) -> None:
+    """OTLP/HTTP with protobuf bodies at /v1/traces, /v1/metrics and /v1/logs."""
+
+    def __init__(self, tls: Tls | None = None) -> None:
         super().__init__()
+        self.metrics, self.logs = _Metrics(), _Logs()
         self._server = _HttpServer(("127.0.0.1", 0), _Handler)
         self._server.receiver = self
-        self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
+        if tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(tls.certificate, tls.key)
+            if tls.client_ca:
+                ctx.verify_mode = ssl.CERT_REQUIRED
+                ctx.load_verify_locations(tls.client_ca)
+            self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True)
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{self._server.server_port}"
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
 
@@ -173,3 +251,60 @@ class HttpOtlpReceiver(_Receiver):
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
+
+
+class RotelOtlpReceiver(GrpcOtlpReceiver):
+    """Rotel, a real OpenTelemetry collector (in Rust, from PyPI's ``rotel``), takes
+    OTLP/HTTP and OTLP/gRPC at ``endpoint`` and ``grpc_endpoint`` and forwards all
+    it receives over gRPC to this GrpcOtlpReceiver, where the tests read it. What
+    is kept is what Rotel made of the requests (headers included): an
+    implementation of the receiving side that is not ours."""
+
+    def __init__(self, log_path: str | os.PathLike) -> None:
+        import rotel
+
+        super().__init__()
+        sink = self.endpoint
+        http_port, grpc_port = free_port(), free_port()
+        self.endpoint = f"http://127.0.0.1:{http_port}"
+        self.grpc_endpoint = f"http://127.0.0.1:{grpc_port}"
+        self._log = open(log_path, "w")
+        self._proc = subprocess.Popen(
+            [str(Path(rotel.__file__).parent / "rotel-agent"), "start",
+             "--otlp-http-endpoint", f"127.0.0.1:{http_port}", "--otlp-grpc-endpoint", f"127.0.0.1:{grpc_port}",
+             "--exporter", "otlp", "--otlp-exporter-endpoint", sink, "--otlp-exporter-protocol", "grpc",
+             "--batch-timeout", "100ms", "--pid-file", f"{log_path}.pid", "--log-file", f"{log_path}.daemon"],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while not all(accepts(p) for p in (http_port, grpc_port)):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"rotel did not start: {Path(log_path).read_text()}")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._log.close()
+        super().close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accepts(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:port."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False

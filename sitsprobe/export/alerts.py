@@ -12,22 +12,22 @@ from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 from ..clock import WallClock
 from ..gpu.collapse import RAISED, Alert
 from .otlp import agent_resource
+from .otlp_settings import OtlpSettings, log_exporter
 
 log = logging.getLogger("sitsprobe")
 
 
 class AlertExporter:
-    def __init__(self, clock: WallClock, endpoint: str | None, protocol: str | None):
+    """``otlp``: the "logs" signal's settings (:func:`.otlp_settings.settings`);
+    None: alerts go to the agent's own log only."""
+
+    def __init__(self, clock: WallClock, otlp: OtlpSettings | None):
         self._clock = clock
         self._provider = None
-        if endpoint:
-            if (protocol or "grpc") == "grpc":
-                from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-                exporter = OTLPLogExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
-            else:
-                from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-                exporter = OTLPLogExporter(endpoint=endpoint.rstrip("/") + "/v1/logs")
-            self._provider = LoggerProvider(resource=agent_resource())
+        if otlp is not None:
+            exporter = log_exporter(otlp)
+            # shut down by the agent, within its stop bound: never by an atexit hook that waits
+            self._provider = LoggerProvider(resource=agent_resource(), shutdown_on_exit=False)
             self._provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
             self._logger = self._provider.get_logger("sitsprobe.alerts")
         self.sent = 0

@@ -11,13 +11,12 @@ import base64
 import json
 import logging
 import math
-import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from urllib.parse import urlsplit
+from dataclasses import dataclass, replace
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
@@ -30,26 +29,26 @@ from opentelemetry.trace import (Link, SpanContext, SpanKind, Status, StatusCode
 from sitsprobe import __version__
 from sitsprobe.clock import WallClock
 from sitsprobe.containers import container_of
-from sitsprobe.errors import ConfigError
 from sitsprobe.request import Request
 
+from . import otlp_settings
 from .semconv import span_attributes, span_kind, span_name
 
 log = logging.getLogger(__name__)
-
-PROTOCOLS = ("grpc", "http/protobuf")
 
 
 class TraceExporter:
     """Exports each :class:`Request` as one SERVER span.
 
-    ``endpoint``/``protocol`` fall back to the standard ``OTEL_EXPORTER_OTLP_*``
-    variables; with no endpoint from either, no network exporter is made.
+    ``endpoint``/``protocol`` (traces.otlp_endpoint, traces.otlp_protocol) sit
+    above the standard ``OTEL_EXPORTER_OTLP_*`` variables, by the rules of
+    :mod:`.otlp_settings`; with no endpoint from either, no network exporter is made.
     ``sinks`` lists the exporters in use; with none, :meth:`export` does nothing.
     Sampling is the SDK's (``OTEL_TRACES_SAMPLER``, by default parent-based:
     a caller's traceparent that is not sampled means no span).
-    A span that finds its process's queue full (``queue_size`` spans waiting)
-    is dropped and counted in :attr:`dropped_by_queue`.
+    Every span handed to a sink is accounted for (:meth:`accounting`):
+    ``offered == delivered + dropped (queue_full, export_failed, export_error,
+    shutdown) + pending``, and pending is 0 after a flush or a shutdown.
     """
 
     def __init__(
@@ -66,19 +65,26 @@ class TraceExporter:
         self._clock = clock
         self._proc = proc  # where a traced process's cgroup (its container) is read
         self._queue_size = queue_size
-        network = _network_exporter(endpoint or None, _resolve_protocol(protocol), headers)
+        otlp = otlp_settings.settings("traces", endpoint=endpoint, protocol=protocol, headers=headers)
+        network = otlp_settings.span_exporter(otlp) if otlp is not None else None
         file = OtlpJsonFileExporter(traces_file) if traces_file else None
         self.sinks: tuple[SpanExporter, ...] = tuple(s for s in (network, file) if s is not None)
         self._host = socket.gethostname()
         self._processes: dict[tuple[int, str], _Process] = {}
-        self._dropped_by_closed = 0
+        self._closed: dict[str, Counts] = {sink_name(s): Counts() for s in self.sinks}
+        self._closing: list[tuple[threading.Thread, list[_BoundedBatch]]] = []  # exited processes
         self._lock = threading.Lock()
 
-    @property
-    def dropped_by_queue(self) -> int:
+    def accounting(self) -> dict[str, Counts]:
+        """Per sink ("otlp", "file"), what became of the spans handed to it,
+        the processes that exited included."""
         with self._lock:
-            live = sum(b.dropped for p in self._processes.values() for b in p.batches)
-            return self._dropped_by_closed + live
+            out = {sink_name(s): Counts() for s in self.sinks} | {n: c.copy() for n, c in self._closed.items()}
+            batches = [b for p in self._processes.values() for b in p.batches]
+            batches += [b for _, closing in self._closing for b in closing]
+            for b in batches:
+                out.setdefault(b.sink_name, Counts()).add(b.counts())
+        return out
 
     def export(self, req: Request) -> None:
         parent = trace.set_span_in_context(trace.NonRecordingSpan(_remote_parent(req)))
@@ -127,28 +133,56 @@ class TraceExporter:
         return all([p.provider.force_flush(timeout_ms) for p in processes])
 
     def close_process(self, pid: int) -> None:
-        """Flush and release what a process that exited held (its queues, threads)."""
+        """Flush and release what a process that exited held (its queues,
+        threads), in the background: a collector that does not answer must
+        not hold up the agent. Its counts stay in :meth:`accounting`."""
         with self._lock:
             gone = [self._processes.pop(k) for k in list(self._processes) if k[0] == pid]
-            self._dropped_by_closed += sum(b.dropped for p in gone for b in p.batches)
+            if not gone:
+                return
+            batches = [b for p in gone for b in p.batches]
+            t = threading.Thread(target=self._finish, args=(gone, batches), name=f"otlp-close-{pid}",
+                                 daemon=True)
+            self._closing.append((t, batches))
+        t.start()
+
+    def _finish(self, gone: list[_Process], batches: list[_BoundedBatch]) -> None:
         for p in gone:
             p.provider.shutdown()
+        with self._lock:
+            self._fold(batches)
 
-    def shutdown(self) -> None:
-        """Flush every queue, then close the sinks; later exports are ignored."""
+    def _fold(self, batches: list[_BoundedBatch]) -> None:
+        """Move closed batches' final counts into the totals (lock held)."""
+        self._closing = [(t, bs) for t, bs in self._closing if bs is not batches]
+        for b in batches:
+            self._closed.setdefault(b.sink_name, Counts()).add(b.close())
+
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Flush every queue, then close the sinks, by ``deadline``
+        (time.monotonic()) at most, None: however long it takes. Spans not
+        delivered by then are counted as dropped at shutdown; a sink still
+        busy (a collector that accepts and never answers) is left to its
+        daemon threads. Later exports are ignored."""
         with self._lock:
             sinks, self.sinks = self.sinks, ()
             pids = {pid for pid, _ in self._processes}
         for pid in pids:
             self.close_process(pid)
-        for sink in sinks:
-            sink.shutdown()
+        with self._lock:
+            closing = list(self._closing)
+        for t, _ in closing:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        with self._lock:  # what is still closing past the deadline
+            for _, batches in list(self._closing):
+                self._fold(batches)
+        within(deadline, [sink.shutdown for sink in sinks])
 
     def _process(self, pid: int, comm: str) -> _Process:
         key = (pid, comm)
         if key not in self._processes:
             provider = TracerProvider(resource=self._resource(pid, comm), shutdown_on_exit=False)
-            batches = [_BoundedBatch(sink, self._queue_size) for sink in self.sinks]
+            batches = [_BoundedBatch(sink, sink_name(sink), self._queue_size) for sink in self.sinks]
             for batch in batches:
                 provider.add_span_processor(batch)
             tracer = provider.get_tracer("sitsprobe", __version__)
@@ -200,43 +234,6 @@ def _remote_parent(req: Request) -> SpanContext:
                        trace_state=state)
 
 
-def _resolve_protocol(arg: str | None) -> str:
-    """``arg``, else the standard variables, else grpc (the Python SDK's default)."""
-    if arg:
-        return _checked_protocol(arg, "traces", "otlp_protocol")
-    for var in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        if value := os.environ.get(var):
-            return _checked_protocol(value, "environment", var)
-    return "grpc"
-
-
-def _checked_protocol(value: str, source: str, key: str) -> str:
-    if value not in PROTOCOLS:
-        raise ConfigError(source, key, " or ".join(PROTOCOLS), value)
-    return value
-
-
-def _network_exporter(
-    endpoint: str | None, protocol: str, headers: Mapping[str, str] | None
-) -> SpanExporter | None:
-    """The OTLP exporter for ``endpoint``; None if it and the environment name none."""
-    env = os.environ
-    if not (endpoint or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
-        return None
-    headers = {k.lower(): v for k, v in headers.items()} if headers else None
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        insecure = True if endpoint and endpoint.startswith("http://") else None
-        return OTLPSpanExporter(endpoint=endpoint, insecure=insecure, headers=headers)
-
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    if endpoint and not urlsplit(endpoint).path.rstrip("/").endswith("/v1/traces"):
-        endpoint = endpoint.rstrip("/") + "/v1/traces"  # a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT
-    return OTLPSpanExporter(endpoint=endpoint, headers=headers)
-
-
 @dataclass
 class _Process:
     provider: TracerProvider
@@ -244,31 +241,72 @@ class _Process:
     batches: list[_BoundedBatch]
 
 
+@dataclass
+class Counts:
+    """What became of the spans offered to one sink."""
+
+    offered: int = 0
+    delivered: int = 0
+    queue_full: int = 0  # the process's queue held queue_size spans already
+    export_failed: int = 0  # the sink answered failure (after the exporter's own retries)
+    export_error: int = 0  # the sink raised
+    shutdown: int = 0  # still queued or in flight when the agent stopped
+
+    REASONS = ("queue_full", "export_failed", "export_error", "shutdown")
+
+    @property
+    def pending(self) -> int:
+        return self.offered - self.delivered - sum(getattr(self, r) for r in self.REASONS)
+
+    def add(self, other: Counts) -> None:
+        for f in ("offered", "delivered", *self.REASONS):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+
+    def copy(self) -> Counts:
+        return replace(self)
+
+
 class _Lane(SpanExporter):
-    """One batch queue's way into a shared sink; counts the spans taken off the queue."""
+    """One batch queue's way into a shared sink: counts what the sink did
+    with each batch. Once closed (the agent stopped), later results are not
+    counted: those spans were counted as dropped at shutdown."""
 
     def __init__(self, sink: SpanExporter) -> None:
         self.sink = sink
-        self.taken = 0
+        self.delivered = self.failed = self.errors = 0
+        self.closed = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.taken += len(spans)
-        return self.sink.export(spans)
+        try:
+            result = self.sink.export(spans)
+        except Exception as e:  # an exporter's bug must not kill the batch thread
+            log.warning("span export raised %s: %s", type(e).__name__, e)
+            result = None
+        if not self.closed:
+            if result == SpanExportResult.SUCCESS:
+                self.delivered += len(spans)
+            elif result is None:
+                self.errors += len(spans)
+            else:
+                self.failed += len(spans)
+        return result or SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
         """The sink is shared: TraceExporter.shutdown closes it, once."""
 
 
 class _BoundedBatch(BatchSpanProcessor):
-    """A BatchSpanProcessor that counts the spans its full queue turns away.
+    """A BatchSpanProcessor that counts every span it is given: turned away
+    by its full queue, or passed to its sink and what the sink did with it.
 
     It admits a span only while fewer than ``queue_size`` wait, so the SDK's
     own queue never overflows (the SDK would drop silently, logging each one).
     """
 
-    def __init__(self, sink: SpanExporter, queue_size: int) -> None:
+    def __init__(self, sink: SpanExporter, sink_name: str, queue_size: int) -> None:
         self._lane = _Lane(sink)
         super().__init__(self._lane, max_queue_size=queue_size, max_export_batch_size=min(512, queue_size))
+        self.sink_name = sink_name
         self._queue_size = queue_size
         self.queued = 0
         self.dropped = 0
@@ -276,11 +314,42 @@ class _BoundedBatch(BatchSpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if not span.context.trace_flags.sampled:
             return
-        if self.queued - self._lane.taken >= self._queue_size:
+        lane = self._lane
+        if self.queued - lane.delivered - lane.failed - lane.errors >= self._queue_size:
             self.dropped += 1
             return
         self.queued += 1
         super().on_end(span)
+
+    def counts(self) -> Counts:
+        lane = self._lane
+        return Counts(offered=self.queued + self.dropped, delivered=lane.delivered,
+                      queue_full=self.dropped, export_failed=lane.failed, export_error=lane.errors)
+
+    def close(self) -> Counts:
+        """The final counts, once (then none): whatever is still pending was
+        dropped at shutdown."""
+        if self._lane.closed:
+            return Counts()
+        self._lane.closed = True
+        c = self.counts()
+        c.shutdown = c.pending
+        return c
+
+
+def sink_name(sink: SpanExporter) -> str:
+    """The name a trace sink's counts go by: "file" or "otlp"."""
+    return "file" if isinstance(sink, OtlpJsonFileExporter) else "otlp"
+
+
+def within(deadline: float | None, calls: list) -> None:
+    """Run ``calls`` one after another in a daemon thread and wait for them
+    until ``deadline`` (time.monotonic()), or for ever with None."""
+    if not calls:
+        return
+    t = threading.Thread(target=lambda: [c() for c in calls], name="otlp-shutdown", daemon=True)
+    t.start()
+    t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
 class OtlpJsonFileExporter(SpanExporter):

@@ -9,21 +9,19 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
 from .otlp import agent_resource
+from .otlp_settings import OtlpSettings, metric_exporter
 
 
 class OtlpMetricsBridge:
-    def __init__(self, registry: CollectorRegistry, endpoint: str, protocol: str | None,
-                 interval_s: float = 10.0):
-        if (protocol or "grpc") == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-            exporter = OTLPMetricExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
-        else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-            exporter = OTLPMetricExporter(endpoint=endpoint.rstrip("/") + "/v1/metrics")
+    """``otlp``: the "metrics" signal's settings (:func:`.otlp_settings.settings`)."""
+
+    def __init__(self, registry: CollectorRegistry, otlp: OtlpSettings, interval_s: float = 10.0):
+        exporter = metric_exporter(otlp)
         self._registry = registry
         reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_s * 1000)
-        self._provider = MeterProvider(metric_readers=[reader],
-                                       resource=agent_resource())
+        # shut down by the agent, within its stop bound: never by an atexit hook that waits
+        self._provider = MeterProvider(metric_readers=[reader], resource=agent_resource(),
+                                       shutdown_on_exit=False)
         meter = self._provider.get_meter("sitsprobe")
         for family in registry.collect():
             if family.type == "counter":

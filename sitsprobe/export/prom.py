@@ -181,15 +181,17 @@ class KernelMetrics:
             "marker_lost": "marker_ring_full", "marker_batch_ids_dropped": "marker_batch_ids_dropped"}
 
     def __init__(self, counters: Callable[[], dict[str, int]],
-                 status_counts: Callable[[], dict[tuple[int, int], int]],
-                 process_name: Callable[[int], str],
+                 status_rows: Callable[[], dict[tuple[str, str, int], int]],
                  gauges: Callable[[], dict[str, float]],
                  sampler_counts: Callable[[], dict[str, int]],
                  tracked: Callable[[], dict[int, str]],
                  container: Callable[[int], Container | None] = lambda pid: None,
-                 untracked: Callable[[], dict[int, int]] = dict):
-        self._counters, self._status, self._untracked = counters, status_counts, untracked
-        self._name, self._gauges, self._sampler = process_name, gauges, sampler_counts
+                 untracked: Callable[[], dict[tuple[str, str], int]] = dict):
+        """status_rows: (pid, process, status) -> responses; untracked: (pid,
+        process) -> of those, on untracked connections. pid "": the totals
+        of the processes of that name that exited."""
+        self._counters, self._status, self._untracked = counters, status_rows, untracked
+        self._gauges, self._sampler = gauges, sampler_counts
         self._tracked, self._container = tracked, container
 
     def collect(self):
@@ -197,15 +199,15 @@ class KernelMetrics:
             "sitsprobe_http_server_requests",
             "HTTP responses sent, counted in the kernel (exact even when events are lost)",
             labels=("pid", "process", "status"))
-        for (tgid, status), n in sorted(self._status().items()):
-            requests.add_metric([str(tgid), self._name(tgid), str(status)], n)
+        for (pid, name, status), n in sorted(self._status().items()):
+            requests.add_metric([pid, name, str(status)], n)
         yield requests
         untracked = CounterMetricFamily(
             "sitsprobe_http_server_requests_untracked",
             "HTTP responses sent on connections the full connection table could not track: "
             "counted above, never stitched (stitch.max_connections)", labels=("pid", "process"))
-        for tgid, n in sorted(self._untracked().items()):
-            untracked.add_metric([str(tgid), self._name(tgid)], n)
+        for (pid, name), n in sorted(self._untracked().items()):
+            untracked.add_metric([pid, name], n)
         yield untracked
         c = self._counters()
         yield CounterMetricFamily("sitsprobe_events_received", "Exchange events submitted by the kernel",
@@ -216,7 +218,8 @@ class KernelMetrics:
             if key in c:
                 lost.add_metric([reason], c[key])
         yield lost
-        traces = CounterMetricFamily("sitsprobe_traces", "Requests offered to the trace sampler, by outcome",
+        traces = CounterMetricFamily("sitsprobe_traces", "Requests offered to the trace sampler (seen), "
+                                     "and what it decided: sampled (exported), sampled_out",
                                      labels=("outcome",))
         for outcome, n in self._sampler().items():
             traces.add_metric([outcome], n)
@@ -230,6 +233,35 @@ class KernelMetrics:
         yield info
         for name, value in self._gauges().items():
             yield GaugeMetricFamily(f"sitsprobe_{name}", name.replace("_", " "), value=value)
+
+
+class SpanAccounting:
+    """What became of the spans handed to each trace sink (otlp, file):
+    offered = delivered + dropped{reason} + pending, pending 0 after a flush."""
+
+    def __init__(self, accounting: Callable[[], dict]):
+        self._accounting = accounting
+
+    def collect(self):
+        offered = CounterMetricFamily("sitsprobe_spans_offered", "Spans handed to a trace sink",
+                                      labels=("sink",))
+        delivered = CounterMetricFamily("sitsprobe_spans_delivered",
+                                        "Spans the sink took: the collector answered success, "
+                                        "or the file was written", labels=("sink",))
+        dropped = CounterMetricFamily("sitsprobe_spans_dropped",
+                                      "Spans lost on the way to a sink, by reason: queue_full, "
+                                      "export_failed (the collector failed or was unreachable, after "
+                                      "retries), export_error, shutdown (not delivered when the agent "
+                                      "stopped)", labels=("sink", "reason"))
+        pending = GaugeMetricFamily("sitsprobe_spans_pending", "Spans queued or in flight to a sink now",
+                                    labels=("sink",))
+        for sink, c in sorted(self._accounting().items()):
+            offered.add_metric([sink], c.offered)
+            delivered.add_metric([sink], c.delivered)
+            for reason in c.REASONS:
+                dropped.add_metric([sink, reason], getattr(c, reason))
+            pending.add_metric([sink], c.pending)
+        yield from (offered, delivered, dropped, pending)
 
 
 def serve(registry: CollectorRegistry, address: str, port: int, healthy: Callable[[], bool],

@@ -27,6 +27,7 @@ class CudaCount:
     errors: int  # failed returns, for functions with a return probe
     bytes: int  # copies: bytes asked; cudaMalloc: allocated; cudaFree: freed
     ns: int  # time inside the call, for functions with a return probe
+    process: str = ""  # set (with pid 0) on the totals of exited processes of this name
 
 
 @dataclass(frozen=True, slots=True)

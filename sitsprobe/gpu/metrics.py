@@ -107,8 +107,8 @@ class CudaMetrics:
         def add(name: str, labels: tuple[str, ...], value: float) -> None:
             sums[name][labels] = sums[name].get(labels, 0) + value
 
-        for c in self._counts():
-            who = (str(c.pid), self._name(c.pid))
+        for c in self._counts():  # pid 0: the totals of exited processes named c.process
+            who = (str(c.pid), self._name(c.pid)) if c.pid else ("", c.process)
             add("calls", (*who, c.function), c.calls)
             if c.function in TIMED:
                 add("errors", (*who, c.function), c.errors)

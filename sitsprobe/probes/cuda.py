@@ -183,14 +183,16 @@ class CudaProbe:
     def _wanted(self, kind: str) -> list[str]:
         return [f for f in _SYMBOLS[kind] if self._functions is None or f in self._functions]
 
-    def forget(self, pid: int) -> None:
-        """Stop following pid and drop its counts (it exited)."""
+    def forget(self, pid: int) -> list[CudaCount]:
+        """Stop following pid and drop its counts (it exited); its final counts."""
+        final = [c for c in self.counts() if c.pid == pid]
         self._pids.pop(ct.c_uint(pid), None)
         for key in [k for k in self._stats.keys() if k.tgid == pid]:
             self._stats.pop(key, None)
         allocs = self._bpf[b"cuda_allocs"]
         for key in [k for k in allocs.keys() if k.tgid == pid]:
             allocs.pop(key, None)
+        return final
 
     def counts(self) -> list[CudaCount]:
         """The kernel's running totals, one row per (pid, function, direction)."""

@@ -77,11 +77,11 @@ class ExchangeDecoder:
                "t.lport", "t.raddr", "t.rport", "status", "pipeline", "req_len",
                "resp_len", "req", "resp", "tp_len", "tp", "ts_len", "ts")
 
-    def __init__(self, conn_type, names: dict[int, str] | None = None):
-        """names: tgid -> the process's name, given to its exchanges in place
-        of the name of the thread that made the syscall (an I/O thread's
-        "event_engine" is not the server's name)."""
-        self.names = {} if names is None else names
+    def __init__(self, conn_type, name_of: Callable[[int, str], str] | None = None):
+        """name_of(tgid, thread's comm): the process's name for its exchanges,
+        in place of the name of the thread that made the syscall (an I/O
+        thread's "event_engine" is not the server's name)."""
+        self.name_of = name_of or (lambda _tgid, thread: thread)
         self.layout = layout = Layout(conn_type)
         self.size = layout.struct.size
         self.iter_unpack = layout.struct.iter_unpack  # a buffer of many -> their tuples
@@ -98,7 +98,7 @@ class ExchangeDecoder:
          bytes_out, flags, family, laddr, lport, raddr, rport, status, pipeline, req_len, resp_len,
          req, resp, tp_len, tp, ts_len, ts) = self._pick(v)
         return Exchange(
-            tgid=tgid, fd=fd, comm=self.names.get(tgid) or _comm(comm),
+            tgid=tgid, fd=fd, comm=self.name_of(tgid, _comm(comm)),
             reason=reported if reason is None else reason,
             start_ns=start_ns, last_in_ns=last_in_ns,
             first_out_ns=first_out_ns, last_out_ns=last_out_ns,
@@ -115,7 +115,8 @@ class NetProbe:
     """The loaded network program and its maps. Only this class touches them."""
 
     def __init__(self, flags: list[str], on_exchange: Callable[[Exchange], None],
-                 on_notice: Callable[[ProcessNotice], None]):
+                 on_notice: Callable[[ProcessNotice], None],
+                 name_of: Callable[[int, str], str] | None = None):
         from bcc import BPF  # the probes layer is the only one that imports bcc
 
         self._bpf = BPF(src_file=str(bpf_dir() / "net.c").encode(), cflags=flags)
@@ -124,7 +125,7 @@ class NetProbe:
         self._conns = self._bpf["conns"]
         self._tracked = self._bpf["tracked"]
         self._conn_type = self._conns.Leaf
-        self._decode = decode = ExchangeDecoder(self._conn_type)
+        self._decode = decode = ExchangeDecoder(self._conn_type, name_of)
         self._copy = MapCopy(self._conns, "conns")
         # a quiet keep-alive connection stays in the map for good: the flush tick
         # glances at (start_ns, state, seq) and decodes only entries that
@@ -148,10 +149,8 @@ class NetProbe:
         self._bpf["exchanges"].open_ring_buffer(exchange_cb)
         self._notice_map.open_ring_buffer(notice_cb)
 
-    def track(self, tgid: int, name: str = "") -> None:
+    def track(self, tgid: int) -> None:
         self._tracked[ct.c_uint(tgid)] = ct.c_ubyte(1)
-        if name:
-            self._decode.names[tgid] = name
 
     def untrack(self, tgid: int) -> None:
         self._tracked.pop(ct.c_uint(tgid), None)
@@ -247,12 +246,26 @@ class NetProbe:
                 if v[at_state] != ST_IDLE:
                     pending.append(self._decode.values(v, END_FLUSH))
                 self._conns.pop(self._conns.Key(key), None)
-        self._decode.names.pop(tgid, None)
         return pending
 
     def counters(self) -> dict[str, int]:
         table = self._bpf["counters"]
         return {name: sum(table[ct.c_int(i)]) for i, name in enumerate(COUNTERS)}
+
+    def take_counts(self, tgid: int) -> tuple[dict[int, int], int]:
+        """A dead process's final kernel counts, removed from the maps:
+        (responses by status, of which on untracked connections)."""
+        statuses, table = {}, self._bpf["http_status"]
+        for k in [k for k in table.keys() if k.tgid == tgid]:
+            per_cpu = table.get(k)
+            if per_cpu is not None:
+                statuses[k.status] = sum(per_cpu)
+            table.pop(k, None)
+        untracked = self._bpf["untracked"]
+        key = untracked.Key(tgid)
+        per_cpu = untracked.get(key)
+        untracked.pop(key, None)
+        return statuses, sum(per_cpu) if per_cpu is not None else 0
 
     def untracked_counts(self) -> dict[int, int]:
         """HTTP responses counted on connections the full table could not take, by tgid."""

@@ -93,6 +93,8 @@ class View:
     caches: list[CacheRow]
     gpus: list[GpuRow] = field(default_factory=list)
     alerts: list[AlertRow] = field(default_factory=list)
+    spans_rate: float = 0.0  # spans delivered/s, every sink
+    spans_dropped: dict[str, float] = field(default_factory=dict)  # "sink reason" -> since start, non-zero
 
 
 def parse(text: str, at: float) -> Snapshot:
@@ -161,7 +163,10 @@ def diff(prev: Snapshot, cur: Snapshot, seconds: float, alerts: list[AlertRow] |
         http=_http(d, seconds), engine=_engine(d, cur),
         batch_mean=batch_sum / batch_n if batch_n else None, batch_rate=batch_n / seconds,
         caches=_caches(d, seconds), gpus=_gpus(cur),
-        alerts=alerts if alerts is not None else _gauge_alerts(cur))
+        alerts=alerts if alerts is not None else _gauge_alerts(cur),
+        spans_rate=sum(d.counter("sitsprobe_spans_delivered_total").values()) / seconds,
+        spans_dropped={f"{dict(k).get('sink', '')} {dict(k).get('reason', '')}": v
+                       for k, v in cur.series("sitsprobe_spans_dropped_total").items() if v})
 
 
 def sort_http(rows: list[HttpRow], key: str) -> list[HttpRow]:
@@ -188,12 +193,20 @@ class _Delta:
         return out
 
     def by(self, name: str, *keys: str) -> dict[tuple[str, ...], float]:
-        """Increases summed over every label but `keys`."""
-        out: dict[tuple[str, ...], float] = defaultdict(float)
-        for labels, inc in self.counter(name).items():
-            lab = dict(labels)
-            out[tuple(lab.get(k, "") for k in keys)] += inc
-        return out
+        """Increases of the sums over every label but `keys`. The sums, not
+        each series: when a process exits, its series go and its counts join
+        its name's totals (pid ""), which is no increase. A sum that fell
+        (the agent restarted) counts from zero."""
+        sums = []
+        for snap in (self.prev, self.cur):
+            total: dict[tuple[str, ...], float] = defaultdict(float)
+            for labels, value in snap.series(name).items():
+                lab = dict(labels)
+                total[tuple(lab.get(k, "") for k in keys)] += value
+            sums.append(total)
+        before, now = sums
+        return {group: (v - before.get(group, 0.0) if v >= before.get(group, 0.0) else v)
+                for group, v in now.items()}
 
     def quantiles(self, histogram: str, qs: tuple[float, ...], *keys: str) -> dict[tuple, list]:
         """Quantiles of a histogram's observations in the interval, grouped by `keys`."""
@@ -209,7 +222,7 @@ def _http(d: _Delta, seconds: float) -> list[HttpRow]:
     pids: dict[str, set[str]] = defaultdict(set)
     for labels in d.cur.series("sitsprobe_http_server_requests_total"):
         lab = dict(labels)
-        if "pid" in lab:
+        if lab.get("pid"):  # pid "": the totals of exited processes of that name
             pids[lab.get("process", "")].add(lab["pid"])
     lat = d.quantiles("http_server_request_duration_seconds", (0.5, 0.99), "process")
     rows = []

@@ -26,6 +26,11 @@ def header(url: str, view: View | None, *, paused: bool = False, error: str | No
             reasons = ", ".join(f"{escape(r)} {n:.0f}" for r, n in sorted(view.lost_by_reason.items()))
             lost = f"[b red]{lost} ({reasons})[/b red]"
         lines.append(f"processes {view.processes}  events {view.events_rate:.1f}/s  {lost}")
+        spans = f"spans delivered {view.spans_rate:.1f}/s  dropped {sum(view.spans_dropped.values()):.0f}"
+        if view.spans_dropped:
+            reasons = ", ".join(f"{escape(r)} {n:.0f}" for r, n in sorted(view.spans_dropped.items()))
+            spans = f"[b red]{spans} ({reasons})[/b red]"
+        lines.append(spans)
     if error:
         lines.append(f"[b red]{escape(error)}[/b red]")
     return lines

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.otlp_receiver import GrpcOtlpReceiver
+from tests.otlp_receiver import GrpcOtlpReceiver, accepts, free_port
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -34,12 +33,6 @@ def pytest_collection_modifyitems(items):
 def require_root():
     if os.geteuid() != 0:
         pytest.skip("integration tests load BPF programs: run as root (CI does)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(check, timeout: float, what: str):
@@ -133,16 +126,18 @@ def agent(request, tmp_path_factory):
 
 
 @contextlib.contextmanager
-def running_agent(d: Path, select: dict, traces: dict, extra: dict):
+def running_agent(d: Path, select: dict, traces: dict, extra: dict, env: dict[str, str] | None = None):
     """The agent (the CLI, as a subprocess) with its config, trace file and log in d,
-    once its /healthz says ready; `select`, `traces` and `extra` override the defaults."""
+    once its /healthz says ready; `select`, `traces` and `extra` override the defaults
+    (a None in `traces` leaves that key out of the file). With `env`, the agent's
+    environment is this one's without any OTEL_* variable, plus `env`."""
     metrics_port = free_port()
     with GrpcOtlpReceiver() as receiver:
         config = {
             "select": {"cmdline": [TAG], "comms": ["nginx"], "rescan_interval_s": 0.2, **select},
             "stitch": {"flush_interval_ms": 50},
-            "traces": {"file": str(d / "traces.jsonl"), "otlp_endpoint": receiver.endpoint,
-                       "max_per_second": 0, **traces},
+            "traces": {k: v for k, v in {"file": str(d / "traces.jsonl"), "otlp_endpoint": receiver.endpoint,
+                                         "max_per_second": 0, **traces}.items() if v is not None},
             "metrics": {"address": "127.0.0.1", "port": metrics_port},
             "ring_buffer_mib": 64,
             **extra,
@@ -151,7 +146,9 @@ def running_agent(d: Path, select: dict, traces: dict, extra: dict):
         log = d / "agent.log"
         proc = subprocess.Popen(
             [sys.executable, "-m", "sitsprobe.cli", "run", "-c", str(d / "sitsprobe.yaml")],
-            cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+            cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
+            env=None if env is None else {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+                                          **env})
         handle = AgentHandle(proc, TraceFile(d / "traces.jsonl"), receiver, metrics_port, log)
 
         def healthy():
@@ -188,7 +185,7 @@ class Nginx:
         self.workers = wait_until(self._workers, 10, "the nginx worker")
         self.pids = [self.pid, *self.workers]
         wait_until(lambda: all(agent.tracks(p) for p in self.workers), 10, "the agent to track nginx")
-        wait_until(lambda: _accepts(self.port), 10, f"nginx on port {self.port}")
+        wait_until(lambda: accepts(self.port), 10, f"nginx on port {self.port}")
 
     def _workers(self) -> list[int]:
         if self.proc.poll() is not None:
@@ -211,14 +208,6 @@ def children(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 class Server:

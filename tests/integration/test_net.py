@@ -256,3 +256,49 @@ def test_no_query_secret_leaves_the_agent(agent, tmp_path):
     assert {s["attrs"]["http.route"] for s in spans} == {"/items/{id}"}
     exported = agent.traces.path.read_text() + repr(agent.receiver.spans()) + scrape + agent.log.read_text()
     assert "SECRET" not in exported
+
+
+def test_exited_processes_keep_their_counts_and_leave_no_series(agent):
+    """20 servers, each answering 3 requests and killed: every response stays
+    in sitsprobe_http_server_requests_total, under its name with pid "", and
+    no series names a dead pid, so /metrics does not grow with the dead."""
+    def folded() -> float:
+        return agent.metric("sitsprobe_http_server_requests_total", pid="")
+
+    before, size_before, dead = folded(), None, []
+    for _ in range(20):
+        if len(dead) == 1:  # the routes and names of this test are in the page from now on
+            wait_until(lambda: not agent.tracks(dead[0]), 10, "the first server to be retired")
+            size_before = len(agent.scrape())
+        with Server(agent) as server:
+            c = Client(server.port)
+            for i in range(3):
+                c.request("GET", f"/short/{i}")
+            c.close()
+            wait_until(lambda: agent.metric("sitsprobe_http_server_requests_total", pid=server.pid) == 3,
+                       5, "the kernel count of the short-lived server")
+        dead.append(server.pid)
+    wait_until(lambda: not any(agent.tracks(p) for p in dead), 10, "the dead servers to be retired")
+    assert folded() - before == 60
+    page = agent.scrape()
+    assert not [line for line in page.splitlines() for p in dead if f'pid="{p}"' in line]
+    assert len(page) - size_before < 2_000, "per-pid series of exited processes piled up"
+
+
+def test_a_traced_process_that_execs_into_an_unselected_program_is_let_go(agent):
+    import subprocess
+    import sys
+
+    from .conftest import TAG
+
+    code = "import os, sys; sys.stdin.readline(); os.execvp('sleep', ['sleep', '30'])"
+    proc = subprocess.Popen([sys.executable, "-c", code, TAG], stdin=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: agent.tracks(proc.pid), 10, "the agent to track the tagged process")
+        proc.stdin.write("\n")
+        proc.stdin.flush()  # now it becomes `sleep 30`, which nothing selects
+        wait_until(lambda: not agent.tracks(proc.pid), 5, "the agent to let the exec'd process go")
+        assert "became sleep, which is not selected" in agent.log.read_text()
+    finally:
+        proc.kill()
+        proc.wait()

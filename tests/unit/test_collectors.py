@@ -32,10 +32,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sitsprobe import config
 from sitsprobe.agent import Agent
+from sitsprobe.export.otlp import Counts
 from sitsprobe.cache import KernelCacheCounts
 from sitsprobe.clock import WallClock
 from sitsprobe.containers import Container
 from sitsprobe.export.alerts import AlertExporter
+from sitsprobe.export.otlp_settings import resolve
 from sitsprobe.export.otlp import TraceExporter
 from sitsprobe.gpu import CollapseConfig, CollapseDetector, CudaCount, NvmlSampler
 from sitsprobe.gpu.collapse import CLEARED, RAISED, Alert
@@ -195,7 +197,9 @@ def agent_registry() -> CollectorRegistry:
     cfg = config.load(overrides={"select.pids": [PID], "metrics.port": 0})
     agent = Agent(cfg)
     agent.probe, agent.markers = FakeNetProbe(), FakeMarkerProbe()
-    agent.exporter = SimpleNamespace(dropped_by_queue=1, export=lambda r: None)
+    counts = {"otlp": Counts(offered=9, delivered=5, queue_full=1, export_failed=1, export_error=1,
+                             shutdown=1)}
+    agent.exporter = SimpleNamespace(accounting=lambda: counts, export=lambda r: None)
     agent.hooks, agent.ready = {"tcp_sendmsg": "tracepoint tcp:tcp_sendmsg_locked"}, True
     agent.tracked[PID] = agent.names[PID] = COMM
     agent.containers[PID] = Container(CID, "containerd", POD)
@@ -577,7 +581,7 @@ def test_every_prometheus_query_names_real_metrics_and_labels(exposition):
      "no label le"),
     ('sitsprobe_engine_batch_size_count{process="x"}', "", "has no label process"),
     ("sum by (gpu) (rate(sitsprobe_cuda_calls_total[5m]))", "", "no label gpu"),
-    ('sitsprobe_traces_total{outcome="sampled"}', "", "no such value"),
+    ('sitsprobe_traces_total{outcome="exported"}', "", "no such value"),
     ("sum by (route) (rate(http_server_request_duration_seconds_count[5m]))", "{{status}}",
      "does not carry"),
     ("sum(rate(sitsprobe_cache_lookups_total[5m])) / sum by (cache) (rate(sitsprobe_cache_lookups_total[5m]))",
@@ -603,7 +607,7 @@ def span_attributes(tmp_path_factory) -> tuple[set[str], set[str]]:
     clock = WallClock()
     start = 100 * S
     watch = GpuWatch(clock=clock, name_of=lambda pid: COMM, interval_s=0.2, cuda_probes=False,
-                     collapse=CollapseConfig(), alerts=AlertExporter(clock, None, None))
+                     collapse=CollapseConfig(), alerts=AlertExporter(clock, None))
     for ts in range(start, start + 60_000_000, 10_000_000):
         watch.timeline.add_sample(GpuSample(gpu=0, uuid="GPU-0", ts_ns=ts, window_ns=10_000_000,
                                             signal="gpm_sm_util", busy_percent=60.0,
@@ -650,7 +654,9 @@ def alert_record() -> dict:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _LogsReceiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        exporter = AlertExporter(WallClock(), f"http://127.0.0.1:{server.server_port}", "http/protobuf")
+        otlp = resolve("logs", endpoint=f"http://127.0.0.1:{server.server_port}", protocol="http/protobuf",
+                       env={})
+        exporter = AlertExporter(WallClock(), otlp)
         for state in (RAISED, CLEARED):
             exporter.emit(Alert(gpu=0, pid=PID, cause="cpu_bound", state=state, window_start_ns=S,
                                 window_end_ns=6 * S, evidence={"busy": 3.0, "working": 74.0}), COMM)

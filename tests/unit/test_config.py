@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import textwrap
+import threading
+import time
 from importlib import resources
 
 import pytest
@@ -263,10 +266,44 @@ def test_missing_file(tmp_path):
     assert "no such file" in str(info.value)
 
 
-def test_directory_is_clear_error(tmp_path):
-    with pytest.raises(ConfigError) as info:
-        load(tmp_path)
-    assert str(info.value).startswith(f"{tmp_path}: file: expected a readable")
+def refused(path) -> str:
+    """load(path)'s error, which must come at once: in a thread joined with a
+    timeout, so a load that blocks fails the test instead of hanging it."""
+    out = []
+
+    def attempt():
+        try:
+            load(path)
+        except ConfigError as e:
+            out.append(str(e))
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(timeout=2)
+    assert not t.is_alive(), f"load({path}) blocked"
+    assert len(out) == 1 and "\n" not in out[0], out
+    return out[0]
+
+
+def test_a_directory_is_refused(tmp_path):
+    assert refused(tmp_path) == f"{tmp_path}: file: expected a regular file, got a directory"
+
+
+def test_a_fifo_is_refused_never_opened(tmp_path):
+    fifo = tmp_path / "sitsprobe.yaml"
+    os.mkfifo(fifo)  # opening it to read would wait for a writer, forever
+    started = time.monotonic()
+    assert refused(fifo) == f"{fifo}: file: expected a regular file, got a FIFO"
+    assert time.monotonic() - started < 0.5
+
+
+def test_a_device_is_refused():
+    assert refused("/dev/null") == "/dev/null: file: expected a regular file, got a character device"
+
+
+def test_a_link_to_a_regular_file_is_read(tmp_path):
+    link = tmp_path / "link.yaml"
+    link.symlink_to(write(tmp_path, "log_level: debug\n"))
+    assert load(link).log_level == "debug"
 
 
 # --- dump ---------------------------------------------------------------------

@@ -23,7 +23,7 @@ def watch_engine(demand: float, seconds_busy=2.0, seconds_idle=3.5):
     gpu = RecordedGpu(rates=(75.0, 10.0), compute_pids=[engine.pid],
                       processes=[(engine.pid, 0, 70.0, 5.0)])
     w = GpuWatch(clock=WallClock(), name_of=lambda pid: "engine", interval_s=0.1, cuda_probes=False,
-                 collapse=FAST, alerts=AlertExporter(WallClock(), None, None),
+                 collapse=FAST, alerts=AlertExporter(WallClock(), None),
                  backend=RecordedBackend([gpu]))
     try:
         w.start(CollectorRegistry(), cuda_flags=None)

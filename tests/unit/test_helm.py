@@ -549,3 +549,15 @@ def test_modules_overlay_lets_the_agent_link_headers_without_touching_the_host(t
     assert (overlay / b / "kernel").is_dir()  # the host's modules stay reachable
     assert sorted(str(p) for p in host_modules.rglob("*")) == before
     assert kheaders.resolve(b, root=str(pod_root)).kind == kheaders.HOST  # what bcc will find
+
+
+@pytest.mark.parametrize("values, grace", [(None, 30), ({"config": {"stop_timeout_s": 20}}, 30),
+                                           ({"config": {"stop_timeout_s": 60.5}}, 71),
+                                           ({"terminationGracePeriodSeconds": 5}, 15)])
+def test_the_grace_period_is_above_the_agents_stop_bound(values, grace, tmp_path):
+    """Kubernetes kills a pod that outlives terminationGracePeriodSeconds: the
+    agent's bounded stop (stop_timeout_s) and its own exit must fit inside,
+    whatever the values say."""
+    docs = render(values)
+    assert one(docs, "DaemonSet")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+    assert grace >= effective_config(docs, tmp_path).stop_timeout_s + 10

@@ -8,6 +8,7 @@ import os
 import re
 import socket
 import threading
+import time
 from http import HTTPStatus
 
 import pytest
@@ -255,12 +256,64 @@ def test_a_full_queue_drops_and_counts(clock, tmp_path, monkeypatch):
     exporter = TraceExporter(clock=clock, traces_file=str(path), queue_size=8)
     for _ in range(100):
         exporter.export(request())
-    dropped = exporter.dropped_by_queue
+    dropped = exporter.accounting()["file"].queue_full
     assert dropped >= 100 - 16  # at most one batch taken off the queue, one queue waiting
     release.set()
     exporter.shutdown()
-    assert exporter.dropped_by_queue == dropped
-    assert len(file_spans(path)) + dropped == 100
+    c = exporter.accounting()["file"]
+    assert (c.offered, c.queue_full, c.pending, c.shutdown) == (100, dropped, 0, 0)
+    assert len(file_spans(path)) == c.delivered == 100 - dropped
+
+
+class Sink(SpanExporter):
+    """A sink that answers as told: success, failure, raise, or never (a blackhole)."""
+
+    def __init__(self, answer):
+        self.answer, self.got = answer, 0
+        self.hold = threading.Event()
+
+    def export(self, spans):
+        self.got += len(spans)
+        if self.answer == "never":
+            self.hold.wait()
+        if self.answer == "raise":
+            raise ConnectionError("collector gone")
+        return SpanExportResult.SUCCESS if self.answer == "ok" else SpanExportResult.FAILURE
+
+    def shutdown(self):
+        if self.answer == "never":
+            self.hold.wait()
+
+
+@pytest.mark.parametrize("answer, reason", [("ok", None), ("fail", "export_failed"),
+                                            ("raise", "export_error")])
+def test_every_span_is_delivered_or_dropped_with_its_reason(clock, answer, reason):
+    exporter = TraceExporter(clock=clock)
+    exporter.sinks = (Sink(answer),)
+    for pid in (1, 1, 2):
+        exporter.export(request(pid=pid))
+    exporter.close_process(2)  # an exited process's spans are still accounted for
+    exporter.shutdown()
+    (name, c), = exporter.accounting().items()
+    assert (name, c.offered, c.pending) == ("otlp", 3, 0)
+    assert c.delivered == (3 if reason is None else 0)
+    assert {r: getattr(c, r) for r in c.REASONS if getattr(c, r)} == ({} if reason is None else {reason: 3})
+
+
+def test_a_blackhole_collector_cannot_hold_up_the_stop(clock):
+    exporter = TraceExporter(clock=clock)
+    sink = exporter.sinks = (Sink("never"),)
+    for pid in (1, 2, 3):
+        exporter.export(request(pid=pid))
+    t0 = time.monotonic()
+    exporter.shutdown(deadline=t0 + 0.5)
+    took = time.monotonic() - t0
+    assert took < 2.0, took  # the bound, not the collector, decides
+    c = exporter.accounting()["otlp"]
+    assert (c.offered, c.delivered, c.shutdown, c.pending) == (3, 0, 3, 0)
+    sink[0].hold.set()  # the collector answers at last: nothing is counted twice
+    time.sleep(0.2)
+    assert exporter.accounting()["otlp"].shutdown == 3 and exporter.accounting()["otlp"].delivered == 0
 
 
 def test_close_process_flushes_it_and_export_after_shutdown_is_ignored(clock, tmp_path):
@@ -268,7 +321,10 @@ def test_close_process_flushes_it_and_export_after_shutdown_is_ignored(clock, tm
     exporter = TraceExporter(clock=clock, traces_file=str(path))
     exporter.export(request(pid=1))
     exporter.export(request(pid=2))
-    exporter.close_process(1)
+    exporter.close_process(1)  # in the background: the agent's loop never waits for a collector
+    deadline = time.monotonic() + 5
+    while not file_spans(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert [s["attributes"][0]["value"] for _, s in file_spans(path)] == [{"intValue": "1"}]
     exporter.shutdown()
     exporter.export(request(pid=3))

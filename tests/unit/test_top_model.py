@@ -160,3 +160,15 @@ def test_sort_http():
     assert [r.process for r in sort_http(rows, "err%")] == ["b", "c", "a"]  # no responses last
     assert [r.process for r in sort_http(rows, "p99")] == ["c", "b", "a"]
     assert [r.process for r in sort_http(rows, "process")] == ["a", "b", "c"]
+
+
+def test_a_process_that_exits_is_no_spike_and_no_pid():
+    """Its series go and its counts join its name's totals (pid ""): the
+    rate is what was answered in the interval, and the row names live pids only."""
+    name = "sitsprobe_http_server_requests_total"
+    before = parse(f'{name}{{pid="7",process="py",status="200"}} 100\n'
+                   f'{name}{{pid="8",process="py",status="200"}} 50\n', 0)
+    after = parse(f'{name}{{pid="",process="py",status="200"}} 104\n'
+                  f'{name}{{pid="8",process="py",status="200"}} 56\n', 2)
+    (row,) = diff(before, after, 2.0).http
+    assert (row.process, row.pids, row.rate) == ("py", ("8",), 5.0)
