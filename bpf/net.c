@@ -28,6 +28,7 @@ struct uiovec {
 };
 
 BPF_HASH(tracked, __u32, __u8, 4096);
+BPF_HASH(ports, __u16, __u8, 1024); /* select.ports: a process listening on one is tracked */
 BPF_HASH(conns, __u64, struct conn, MAX_CONNS);
 BPF_HASH(overflow, __u64, __u8, MAX_OVERFLOW); /* accepted while conns was full */
 BPF_PERCPU_HASH(untracked, __u32, __u64, 4096); /* tgid -> responses sent on them */
@@ -491,11 +492,23 @@ static __always_inline void learn_sock(__u64 sk)
 TRACEPOINT_PROBE(sock, sock_recv_length) { learn_sock((__u64)args->sk); return 0; }
 TRACEPOINT_PROBE(sock, sock_send_length) { learn_sock((__u64)args->sk); return 0; }
 
+static __always_inline void notify(__u32 kind, __u32 tgid);
+
 TRACEPOINT_PROBE(sock, inet_sock_set_state)
 {
     __u64 sk = (__u64)args->skaddr;
     if (args->protocol != IPPROTO_TCP)
         return 0;
+    if (args->newstate == BPF_TCP_LISTEN) { /* listen(): in the listening process */
+        __u16 port = args->sport;
+        __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        __u8 one = 1;
+        if (ports.lookup(&port) && !is_tracked(tgid)) {
+            tracked.update(&tgid, &one);
+            notify(N_LISTEN, tgid);
+        }
+        return 0;
+    }
     if (args->newstate == BPF_TCP_CLOSE) {
         socks.delete(&sk);
         return 0;

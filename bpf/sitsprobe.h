@@ -71,7 +71,7 @@ enum counter {
     C_EXCHANGES = 0,      /* exchange events submitted */
     C_LOST = 1,           /* exchange events lost: ring buffer full */
     C_CONN_OVERFLOW = 2,  /* accepted connections not tracked: conns map full */
-    C_NOTICES_LOST = 3,   /* exec/exit notices lost: notice ring full */
+    C_NOTICES_LOST = 3,   /* exec/exit/listen notices lost: notice ring full */
     C_INFLIGHT_LOST = 4,  /* syscalls not followed: inflight map full */
     C_UNCOUNTED = 5,      /* connections neither tracked nor counted: overflow map full too */
     C_COUNTERS = 6,
@@ -130,7 +130,9 @@ struct args {
     __u32 kind;
 };
 
-enum notice_kind { N_EXEC = 1, N_EXIT = 2 };
+/* N_LISTEN: a process began listening on a selected port (`ports`): the
+ * kernel tracks it at once, so its first connection is followed */
+enum notice_kind { N_EXEC = 1, N_EXIT = 2, N_LISTEN = 3 };
 
 /* Process lifecycle: lets userspace select new processes and retire dead ones. */
 struct notice { /* bcc's ring-event decoder knows u32, not __u32 */

@@ -44,7 +44,7 @@ K_FLAT, K_IOV, K_MSG, K_NOCOPY, K_ACCEPT = 1, 2, 3, 4, 5
 SEND, UNTRACKED = 0x100, 0x200
 
 # enum notice_kind: struct notice.kind
-N_EXEC, N_EXIT = 1, 2
+N_EXEC, N_EXIT, N_LISTEN = 1, 2, 3
 
 # ---- cuda ----
 # enum cuda_fn: struct cuda_key.fn

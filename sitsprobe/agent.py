@@ -132,6 +132,7 @@ class Agent:
             from .export.otlp_metrics import OtlpMetricsBridge
             self.otlp_metrics = OtlpMetricsBridge(registry, otlp,
                                                   self.config.traces.metrics_interval_s)
+        self.probe.select_ports(self.config.select.ports)
         self._rescan()
         self.ready = True
         log.info("tracing %d process(es): %s", len(self.tracked),
@@ -339,8 +340,10 @@ class Agent:
             return
         info = procs.read_info(n.tgid)
         if n.tgid not in self.tracked:
-            if info is not None and self.selector.matches(info):
+            if info is not None and (n.kind == "listen" or self.selector.matches(info)):
                 self._track(info)
+            elif n.kind == "listen":  # gone already: the kernel's entry must go too
+                self.probe.untrack(n.tgid)
         elif info is None or not self.selector.matches(info, procs.listening_ports(n.tgid)):
             log.info("%s[%d] became %s, which is not selected", self.tracked[n.tgid], n.tgid,
                      info.comm if info else "?")

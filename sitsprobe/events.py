@@ -46,7 +46,8 @@ class Exchange(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ProcessNotice:
-    """A process exec'd (kind "exec") or a tracked one exited ("exit")."""
+    """A process exec'd (kind "exec"), began listening on a selected port
+    ("listen": the kernel tracks it already) or a tracked one exited ("exit")."""
 
     kind: str
     tgid: int

@@ -5,13 +5,13 @@ import ctypes as ct
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from importlib import resources
 from operator import itemgetter
 from pathlib import Path
 
-from ..abi import (CF_SEEDED, CF_TUPLE, END_FLUSH, N_EXEC, NET_COUNTERS as COUNTERS, ST_IDLE, ST_READING,
+from ..abi import (CF_SEEDED, CF_TUPLE, END_FLUSH, N_EXEC, N_LISTEN, NET_COUNTERS as COUNTERS, ST_IDLE, ST_READING,
                    ST_RESPONDING, TCP_SENDMSG_FENTRY, TCP_SENDMSG_KPROBE, TCP_SENDMSG_TRACEPOINT)
 from ..procs import BlockedRead
 from ..events import Exchange, ProcessNotice
@@ -143,14 +143,20 @@ class NetProbe:
 
         def notice_cb(_ctx, data, _size):
             n = self._notice_map.event(data)
-            on_notice(ProcessNotice("exec" if n.kind == N_EXEC else "exit", n.tgid,
-                                    n.comm.decode(errors="replace")))
+            kind = {N_EXEC: "exec", N_LISTEN: "listen"}.get(n.kind, "exit")
+            on_notice(ProcessNotice(kind, n.tgid, n.comm.decode(errors="replace")))
 
         self._bpf["exchanges"].open_ring_buffer(exchange_cb)
         self._notice_map.open_ring_buffer(notice_cb)
 
     def track(self, tgid: int) -> None:
         self._tracked[ct.c_uint(tgid)] = ct.c_ubyte(1)
+
+    def select_ports(self, ports: Iterable[int]) -> None:
+        """A process that begins listening on one of these is tracked by the
+        kernel at once (and notified): no rescan interval of requests unseen."""
+        for port in ports:
+            self._bpf["ports"][ct.c_ushort(port)] = ct.c_ubyte(1)
 
     def untrack(self, tgid: int) -> None:
         self._tracked.pop(ct.c_uint(tgid), None)

@@ -213,10 +213,11 @@ def children(pid: int) -> list[int]:
 class Server:
     """tests/integration/httpserver.py in a subprocess, tracked by the agent."""
 
-    def __init__(self, agent: AgentHandle | None, mode: str = "sendto", unix: str | None = None):
+    def __init__(self, agent: AgentHandle | None, mode: str = "sendto", unix: str | None = None,
+                 port: int = 0):
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "httpserver.py"), "--mode", mode, "--tag", TAG,
-             *(["--unix", unix] if unix else [])],
+             "--port", str(port), *(["--unix", unix] if unix else [])],
             stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
         self.pid = self.proc.pid

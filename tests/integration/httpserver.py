@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--mode", default="sendto", choices=("sendto", "writev", "sendmsg", "write"))
     ap.add_argument("--tag", default="sitsprobe-testserver")
     ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--unix", help="listen on this Unix socket path instead (prints port 0)")
     a = ap.parse_args()
     if a.unix:
@@ -101,7 +102,7 @@ def main() -> None:
         srv.listen(256)
         print(0, flush=True)
     else:
-        srv = socket.create_server((a.host, 0), backlog=256)
+        srv = socket.create_server((a.host, a.port), backlog=256)
         print(srv.getsockname()[1], flush=True)
     while True:
         conn, _ = srv.accept()

@@ -302,3 +302,25 @@ def test_a_traced_process_that_execs_into_an_unselected_program_is_let_go(agent)
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_server_restarted_on_a_selected_port_is_traced_from_its_first_request(tmp_path):
+    """--port with a rescan a minute away: the kernel sees the listen() on the
+    port and tracks the process there and then, so the requests sent the
+    moment it listens are all counted and traced, twice over a restart."""
+    from .conftest import free_port, require_root, running_agent
+
+    require_root()
+    port = free_port()
+    with running_agent(tmp_path, {"ports": [port], "cmdline": [], "comms": [], "rescan_interval_s": 60},
+                       {}, {}) as agent:
+        for life in range(2):
+            with Server(None, port=port) as server:  # no waiting for the agent: at once
+                tally = [Client(port).request("GET", f"/life/{life}/{i}", keep_alive=False)
+                         for i in range(5)]
+                spans = agent.traces.wait_for_port(port, 5 * (life + 1))
+                kernel = wait_until(lambda: agent.metric("sitsprobe_http_server_requests_total",
+                                                         pid=server.pid) == 5 or None, 5,
+                                    "the kernel count of the new server")
+                assert kernel
+            assert len([s for s in spans if s["attrs"]["url.path"].startswith(f"/life/{life}/")]) == len(tally)
