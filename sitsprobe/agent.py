@@ -17,7 +17,7 @@ from .errors import ProbeAttachError, SitsprobeError
 from .events import Exchange, MarkerEvent, ProcessNotice
 from .export import otlp_settings
 from .export.otlp import TraceExporter, within
-from .export.prom import KernelMetrics, RequestMetrics, SpanAccounting, serve
+from .export.prom import KernelMetrics, RequestMetrics, SignalAccounting, SpanAccounting, serve
 from .losses import LossLog, loss_totals
 from .request import Request
 from .routes import RouteMapper
@@ -197,6 +197,7 @@ class Agent:
     def _register_metrics(self, registry: CollectorRegistry) -> None:
         registry.register(self.metrics)
         registry.register(SpanAccounting(self.exporter.accounting))
+        registry.register(SignalAccounting(self._signal_tallies))
         registry.register(KernelMetrics(
             self._counters, self._status_rows, self._gauges,
             lambda: {"seen": self.sampler.seen, "sampled": self.sampler.exported,
@@ -473,10 +474,13 @@ class Agent:
             half = time.monotonic() + max(0.0, deadline - time.monotonic()) / 2
             within(half, [x.shutdown for x in (self.otlp_metrics,) if x is not None])
         finally:
+            tallies = self._signal_tallies()
             self._detach(deadline)
+            for tally in tallies.values():  # what a shutdown past the bound still held
+                tally.close()
         if self.exporter is not None:
             self.exporter.shutdown(deadline)
-            self._log_accounting()
+            self._log_accounting(tallies)
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()
@@ -498,11 +502,27 @@ class Agent:
             self.probe.close()
             self.probe = None
 
-    def _log_accounting(self) -> None:
+    def _signal_tallies(self) -> dict:
+        """OTLP metrics and alert logs, where they are exported: signal -> Tally."""
+        out = {}
+        if self.otlp_metrics is not None:
+            out["metrics"] = self.otlp_metrics.tally
+        alerts = self.gpu.alerts_tally if self.gpu is not None else None
+        if alerts is not None:
+            out["logs"] = alerts
+        return out
+
+    def _log_accounting(self, tallies: dict) -> None:
+        """The stop's summary: what became of every span, metric point and log record."""
+        def said(counts: dict) -> str:
+            return "; ".join(
+                f"{name}: {c.delivered} delivered"
+                + "".join(f", {getattr(c, r)} {r.replace('_', ' ')}" for r in c.REASONS if getattr(c, r))
+                for name, c in sorted(counts.items()))
+
         s = self.sampler
-        sinks = "; ".join(
-            f"{sink}: {c.delivered} delivered"
-            + "".join(f", {getattr(c, r)} {r.replace('_', ' ')}" for r in c.REASONS if getattr(c, r))
-            for sink, c in sorted(self.exporter.accounting().items()))
         log.info("traces: %d requests seen, %d sampled, %d sampled out; spans: %s",
-                 s.seen, s.exported, s.dropped, sinks or "no sink")
+                 s.seen, s.exported, s.dropped, said(self.exporter.accounting()) or "no sink")
+        if tallies:
+            log.info("OTLP %s", said({f"{signal} ({'points' if signal == 'metrics' else 'records'})": t.counts()
+                                      for signal, t in tallies.items()}))

@@ -128,6 +128,11 @@ class GpuWatch:
                     was, calls=was.calls + c.calls, errors=was.errors + c.errors,
                     bytes=was.bytes + c.bytes, ns=was.ns + c.ns)
 
+    @property
+    def alerts_tally(self):
+        """The alert log records' accounting; None when alerts go to the log only."""
+        return self._alerts.tally
+
     def _cuda_counts(self) -> list[CudaCount]:
         return self.cuda.counts() + list(self._exited_cuda.values())
 

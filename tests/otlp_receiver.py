@@ -135,6 +135,12 @@ class _Metrics(_Service, MetricsServiceServicer):
         return {m.name for req in list(self.requests) for rm in req.resource_metrics
                 for sm in rm.scope_metrics for m in sm.metrics}
 
+    def point_count(self) -> int:
+        """Data points received, every export and metric."""
+        return sum(len((m.sum if m.HasField("sum") else m.gauge).data_points)
+                   for req in list(self.requests) for rm in req.resource_metrics
+                   for sm in rm.scope_metrics for m in sm.metrics)
+
     def points(self, name: str) -> list[tuple[dict, float]]:
         """(attributes, value) of the data points of metric `name`, in the last export that has it."""
         for req in reversed(self.requests):

@@ -11,7 +11,7 @@ from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
 from ..clock import WallClock
 from ..gpu.collapse import RAISED, Alert
-from .otlp import agent_resource
+from .otlp import Tally, agent_resource, counted
 from .otlp_settings import OtlpSettings, log_exporter
 
 log = logging.getLogger("sitsprobe")
@@ -24,8 +24,10 @@ class AlertExporter:
     def __init__(self, clock: WallClock, otlp: OtlpSettings | None):
         self._clock = clock
         self._provider = None
+        self.tally: Tally | None = None  # log records, offered at emit(), by export result
         if otlp is not None:
-            exporter = log_exporter(otlp)
+            self.tally = Tally()
+            exporter = counted(log_exporter(otlp), self.tally, len, offer=False)
             # shut down by the agent, within its stop bound: never by an atexit hook that waits
             self._provider = LoggerProvider(resource=agent_resource(), shutdown_on_exit=False)
             self._provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
@@ -54,8 +56,10 @@ class AlertExporter:
                 "sitsprobe.window.end": self._clock.to_wall_ns(a.window_end_ns),
                 **({"process.executable.name": process} if process else {}),
             })
+        self.tally.offer(1)
         self.sent += 1
 
     def shutdown(self) -> None:
         if self._provider is not None:
             self._provider.shutdown()
+            self.tally.close()

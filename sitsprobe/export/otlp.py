@@ -266,6 +266,60 @@ class Counts:
         return replace(self)
 
 
+class Tally:
+    """Counts for one signal's exporter (metric points, log records): what
+    was offered, and each export's result. Closed when the agent stops:
+    whatever is pending then was dropped at shutdown, and later results of
+    exports still in flight are not counted."""
+
+    def __init__(self) -> None:
+        self._counts = Counts()
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def offer(self, n: int) -> None:
+        with self._lock:
+            if not self._closed:
+                self._counts.offered += n
+
+    def result(self, n: int, outcome: str) -> None:
+        with self._lock:
+            if not self._closed:
+                setattr(self._counts, outcome, getattr(self._counts, outcome) + n)
+
+    def counts(self) -> Counts:
+        with self._lock:
+            return self._counts.copy()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._counts.shutdown = self._counts.pending
+
+
+def counted(exporter, tally: Tally, size, offer: bool = True):
+    """``exporter`` with its export() counting each batch's items (``size(batch)``)
+    into ``tally`` by result; with ``offer``, as offered too (else the caller
+    offers them, when it hands them over)."""
+    inner = exporter.export
+
+    def export(batch, *args, **kwargs):
+        n = size(batch)
+        if offer:
+            tally.offer(n)
+        try:
+            result = inner(batch, *args, **kwargs)
+        except Exception:
+            tally.result(n, "export_error")
+            raise
+        tally.result(n, "delivered" if getattr(result, "name", "") == "SUCCESS" else "export_failed")
+        return result
+
+    exporter.export = export
+    return exporter
+
+
 class _Lane(SpanExporter):
     """One batch queue's way into a shared sink: counts what the sink did
     with each batch. Once closed (the agent stopped), later results are not

@@ -8,7 +8,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-from .otlp import agent_resource
+from .otlp import Tally, agent_resource, counted
 from .otlp_settings import OtlpSettings, metric_exporter
 
 
@@ -16,7 +16,8 @@ class OtlpMetricsBridge:
     """``otlp``: the "metrics" signal's settings (:func:`.otlp_settings.settings`)."""
 
     def __init__(self, registry: CollectorRegistry, otlp: OtlpSettings, interval_s: float = 10.0):
-        exporter = metric_exporter(otlp)
+        self.tally = Tally()  # data points, by export result
+        exporter = counted(metric_exporter(otlp), self.tally, _points)
         self._registry = registry
         reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_s * 1000)
         # shut down by the agent, within its stop bound: never by an atexit hook that waits
@@ -42,3 +43,9 @@ class OtlpMetricsBridge:
 
     def shutdown(self) -> None:
         self._provider.shutdown()
+        self.tally.close()
+
+
+def _points(data) -> int:
+    return sum(len(m.data.data_points) for rm in data.resource_metrics for sm in rm.scope_metrics
+               for m in sm.metrics)

@@ -264,6 +264,33 @@ class SpanAccounting:
         yield from (offered, delivered, dropped, pending)
 
 
+class SignalAccounting:
+    """The agent's own metric points and alert log records over OTLP, the way
+    SpanAccounting counts spans: offered = delivered + dropped{reason} + pending."""
+
+    def __init__(self, tallies: Callable[[], dict]):
+        self._tallies = tallies  # signal -> otlp.Tally
+
+    def collect(self):
+        tallies = self._tallies()
+        if not tallies:  # no OTLP metrics, no alert logs: nothing to account for
+            return
+        offered = CounterMetricFamily("sitsprobe_telemetry_offered",
+                                      "Items handed to an OTLP exporter: metric data points, log records",
+                                      labels=("signal",))
+        delivered = CounterMetricFamily("sitsprobe_telemetry_delivered",
+                                        "Items the collector took (it answered success)", labels=("signal",))
+        dropped = CounterMetricFamily("sitsprobe_telemetry_dropped",
+                                      "Items lost on the way to the collector, by reason", labels=("signal", "reason"))
+        for signal, tally in sorted(tallies.items()):
+            c = tally.counts()
+            offered.add_metric([signal], c.offered)
+            delivered.add_metric([signal], c.delivered)
+            for reason in c.REASONS:
+                dropped.add_metric([signal, reason], getattr(c, reason))
+        yield from (offered, delivered, dropped)
+
+
 def serve(registry: CollectorRegistry, address: str, port: int, healthy: Callable[[], bool],
           pages: dict[str, tuple[str, Callable[[], bytes]]] | None = None) -> ThreadingHTTPServer:
     """/metrics in the Prometheus text format, /healthz 200 once healthy(), and

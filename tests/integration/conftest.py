@@ -95,10 +95,11 @@ class AgentHandle:
         with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=5) as r:
             return r.read().decode()
 
-    def metric(self, name: str, **labels) -> float:
-        """Sum of the samples of `name` whose labels include `labels`."""
+    def metric(self, name: str, page: str | None = None, **labels) -> float:
+        """Sum of the samples of `name` whose labels include `labels`, in
+        `page` (one scrape, for numbers that must agree), else a new scrape."""
         total = 0.0
-        for line in self.scrape().splitlines():
+        for line in (page if page is not None else self.scrape()).splitlines():
             m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
             if not m or m.group(1) != name:
                 continue

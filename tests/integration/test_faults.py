@@ -46,10 +46,12 @@ class Blackhole:
 
 
 def accounting(agent, sink: str = "otlp") -> dict[str, float]:
-    return {"offered": agent.metric("sitsprobe_spans_offered_total", sink=sink),
-            "delivered": agent.metric("sitsprobe_spans_delivered_total", sink=sink),
-            "dropped": agent.metric("sitsprobe_spans_dropped_total", sink=sink),
-            "pending": agent.metric("sitsprobe_spans_pending", sink=sink)}
+    """The span accounting of one sink, from one scrape: its numbers agree."""
+    page = agent.scrape()
+    return {"offered": agent.metric("sitsprobe_spans_offered_total", page, sink=sink),
+            "delivered": agent.metric("sitsprobe_spans_delivered_total", page, sink=sink),
+            "dropped": agent.metric("sitsprobe_spans_dropped_total", page, sink=sink),
+            "pending": agent.metric("sitsprobe_spans_pending", page, sink=sink)}
 
 
 def stop_and_time(agent) -> tuple[float, int, str]:
@@ -125,9 +127,10 @@ def test_a_collector_killed_and_restarted_under_load_adds_up(tmp_path):
     port = free_port()
     first = GrpcOtlpReceiver(port=port)
     received = [first]
-    with running_agent(tmp_path, {}, {"otlp_endpoint": first.endpoint, "file": None},
+    with running_agent(tmp_path, {}, {"otlp_endpoint": first.endpoint, "file": None,
+                                      "metrics_interval_s": 0.5},
                        {"stop_timeout_s": STOP_S},
-                       env={"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "1000",
+                       env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1000",  # every signal gives up in 1 s
                             "OTEL_BSP_SCHEDULE_DELAY": "200"}) as agent:
         with Server(agent) as server:
             done = threading.Event()
@@ -154,8 +157,15 @@ def test_a_collector_killed_and_restarted_under_load_adds_up(tmp_path):
                        "every span delivered or dropped")
         a = accounting(agent)
         got = sum(len(r.spans()) for r in received)
-        received[-1].close()
         assert a["delivered"] == got, (a, got)
         assert a["offered"] == a["delivered"] + a["dropped"], a
         assert a["dropped"] > 0, f"an outage of 4 s must show as failures: {a}"
         assert agent.metric("sitsprobe_spans_dropped_total", sink="otlp", reason="export_failed") == a["dropped"]
+        _, rc, log = stop_and_time(agent)  # the agent's own metrics, to the last export
+    received[-1].close()
+    assert rc == 0
+    line = re.search(r"metrics \(points\): (\d+) delivered([^;\n]*)", log)
+    assert line, log
+    points = sum(r.metrics.point_count() for r in received)
+    assert int(line[1]) == points, (line[0], points)
+    assert re.search(r"\d+ export failed", line[2]), f"the outage must show for metrics too: {line[0]}"

@@ -355,9 +355,9 @@ def test_a_full_connection_table_still_counts_every_response(agent, nginx):
     def numbers():
         scrape = agent.scrape()
         kernel = sum(v for _, labels, v in samples(scrape, "sitsprobe_http_server_requests_total")
-                     if int(labels.get("pid", 0)) in workers)
+                     if labels.get("pid", "") in {str(w) for w in workers})
         untracked = sum(v for _, labels, v in samples(scrape, "sitsprobe_http_server_requests_untracked_total")
-                        if int(labels.get("pid", 0)) in workers)
+                        if labels.get("pid", "") in {str(w) for w in workers})
         stitched = in_processes(scrape, "sitsprobe_requests_stitched_total", {"nginx"})
         return kernel, stitched, untracked
 
