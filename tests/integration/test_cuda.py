@@ -206,12 +206,13 @@ def test_driver_api_launches(probe, children, tmp_path):
         "cuLaunchKernel": 19, "cuLaunchKernelEx": 7}
 
 
-def test_forget_drops_a_process(probe, children):
+def test_forget_drops_a_process_and_gives_its_final_counts(probe, children):
     child = children(libcudart())
     probe.attach_pids([child.pid])
-    child.call({"cudaLaunchKernel": 3})
+    child.call({"cudaLaunchKernel": 13, "cudaMalloc": 7})
     assert by_function(probe, child.pid)
-    probe.forget(child.pid)
+    final = probe.forget(child.pid)  # what the agent folds into the name's totals
+    assert {c.function: c.calls for c in final} == {"cudaLaunchKernel": 13, "cudaMalloc": 7}
     assert by_function(probe, child.pid) == {}
     child.call({"cudaLaunchKernel": 3})
     assert by_function(probe, child.pid) == {}  # no longer followed

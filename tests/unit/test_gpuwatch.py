@@ -49,3 +49,37 @@ def test_a_starved_gpu_with_a_pegged_engine_raises_cpu_bound():
 
 def test_no_requests_waiting_is_not_a_collapse():
     assert watch_engine(demand=0).alerts == []
+
+
+class FakeCuda:
+    """CudaProbe's face: running totals by pid, and forget() giving a pid's last."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def counts(self):
+        return list(self.rows)
+
+    def forget(self, pid):
+        final = [c for c in self.rows if c.pid == pid]
+        self.rows = [c for c in self.rows if c.pid != pid]
+        return final
+
+
+def test_an_exited_processes_cuda_counts_join_its_names_totals():
+    from sitsprobe.gpu.cuda import CudaCount
+    from sitsprobe.gpu.metrics import CudaMetrics
+
+    names = {7: "engine", 8: "engine", 9: "worker"}
+    w = GpuWatch(clock=WallClock(), name_of=names.get, interval_s=0.1, cuda_probes=False,
+                 collapse=FAST, alerts=AlertExporter(WallClock(), None),
+                 backend=RecordedBackend([]))
+    w.cuda = FakeCuda([CudaCount(7, "cudaLaunchKernel", "", 13, 0, 0, 0),
+                       CudaCount(8, "cudaLaunchKernel", "", 5, 0, 0, 0),
+                       CudaCount(9, "cudaMalloc", "", 7, 0, 1 << 20, 0)])
+    w.forget(7)
+    w.forget(8)  # a second engine of that name: one series, summed
+    metrics = CudaMetrics(w._cuda_counts, process_name=names.get)
+    calls = {tuple(s.labels.values()): s.value for f in metrics.collect() if f.name == "sitsprobe_cuda_calls"
+             for s in f.samples}
+    assert calls == {("", "engine", "cudaLaunchKernel"): 18, ("9", "worker", "cudaMalloc"): 7}
