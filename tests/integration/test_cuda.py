@@ -5,6 +5,7 @@ counts must equal them exactly."""
 from __future__ import annotations
 
 import json
+import time
 import shutil
 import subprocess
 import sys
@@ -234,3 +235,56 @@ def test_only_the_functions_asked_for(probe, children):  # probe: set up bcc, th
             "cudaMemcpy": 5, "cudaDeviceSynchronize": 1}
     finally:
         p.close()
+
+
+def test_calls_made_just_before_a_process_exits_are_in_metrics(tmp_path, children):
+    """The real agent (only NVML recorded): a process makes 13 launches and 7
+    mallocs, exits a second later, and at the next scrape they are there,
+    under its name with pid "", and its pid's own series are gone."""
+    import threading
+    import urllib.request
+
+    from sitsprobe import config
+    from sitsprobe.agent import Agent
+    from sitsprobe.gpu.recorded import RecordedBackend, RecordedGpu
+
+    from .conftest import free_port, wait_until
+
+    require_root()
+    child = children(libcudart())
+    port = free_port()
+    agent = Agent(config.load(overrides={
+        "select.pids": [child.pid], "metrics.port": port, "metrics.address": "127.0.0.1",
+        "gpu.interval_ms": 100, "engine.markers": False}),
+        gpu_backend=RecordedBackend([RecordedGpu(rates=(50.0, 10.0), compute_pids=[child.pid],
+                                                 processes=[(child.pid, 0, 50.0, 5.0)])]))
+    stop = threading.Event()
+    agent.start()
+    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    thread.start()
+
+    def calls(**labels) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            page = r.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+                   if line.startswith("sitsprobe_cuda_calls_total{")
+                   and all(f'{k}="{v}"' in line for k, v in labels.items()))
+
+    try:
+        def attached():
+            child.call({"cudaDeviceSynchronize": 1})
+            return calls(pid=child.pid, function="cudaDeviceSynchronize") > 0
+
+        wait_until(attached, 30, "the agent's CUDA probes on the child")
+        child.call({"cudaLaunchKernel": 13, "cudaMalloc": 7})
+        time.sleep(1)
+        pid = child.pid
+        child.stop()
+        wait_until(lambda: pid not in agent.tracked, 10, "the agent to retire the child")
+        assert calls(pid="", function="cudaLaunchKernel") == 13
+        assert calls(pid="", function="cudaMalloc") == 7
+        assert calls(pid=pid) == 0  # its own series went with it
+    finally:
+        stop.set()
+        thread.join(10)
+        agent.close()
