@@ -168,7 +168,23 @@ def running_agent(d: Path, select: dict, traces: dict, extra: dict, env: dict[st
         print(log.read_text())
 
 
-class Nginx:
+class Owned:
+    """A subprocess a test owns (``proc``), killed when its with block ends."""
+
+    proc: subprocess.Popen
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class Nginx(Owned):
     """tests/nginx.py's static site (plus `locations`) served by a real nginx,
     one worker, once the agent tracks it; stopped by SIGTERM, so that the
     master takes its worker with it."""
@@ -197,12 +213,6 @@ class Nginx:
         self.proc.terminate()
         self.proc.wait(10)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-
 
 def children(pid: int) -> list[int]:
     try:
@@ -211,7 +221,7 @@ def children(pid: int) -> list[int]:
         return []
 
 
-class Server:
+class Server(Owned):
     """tests/integration/httpserver.py in a subprocess, tracked by the agent."""
 
     def __init__(self, agent: AgentHandle | None, mode: str = "sendto", unix: str | None = None,
@@ -224,16 +234,6 @@ class Server:
         self.pid = self.proc.pid
         if agent is not None:
             wait_until(lambda: agent.tracks(self.pid), 10, f"the agent to track pid {self.pid}")
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 class Engine:

@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from .conftest import HERE, TAG, Nginx, free_port, wait_until
+from .conftest import HERE, TAG, Nginx, Owned, free_port, wait_until
 from .peers import sse_schedule, status_locations
 
 # This module's agent traces only this module's servers: other sessions on the
@@ -105,7 +105,7 @@ def losses(agent) -> str:
 # -- servers -------------------------------------------------------------------
 
 
-class Peer:
+class Peer(Owned):
     """tests/integration/peers.py (uvicorn or aiohttp) in a subprocess, named
     `name` (its comm), tracked by the agent."""
 
@@ -120,16 +120,6 @@ class Peer:
             raise AssertionError(f"peers.py {server} did not print its port: {line!r}")
         self.port, self.pid, self.pids = int(line), self.proc.pid, [self.proc.pid]
         wait_until(lambda: agent.tracks(self.pid), 10, f"the agent to track {server} (pid {self.pid})")
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 # -- clients that keep what crossed the wire ----------------------------------
