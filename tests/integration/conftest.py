@@ -160,12 +160,18 @@ def running_agent(d: Path, select: dict, traces: dict, extra: dict, env: dict[st
             except OSError:
                 return False
 
-        wait_until(healthy, 90, "the agent's /healthz")
-        yield handle
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(60)
-        print(log.read_text())
+        try:
+            wait_until(healthy, 90, "the agent's /healthz")
+            yield handle
+        finally:  # a failed test must not leave its agent tracing the next ones
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            print(log.read_text())
 
 
 class Owned:
