@@ -6,7 +6,6 @@ import os
 import re
 import selectors
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.otlp_receiver import free_port
 
 from examples.engine.api import Engine, EngineServer
 from examples.engine.model import GPT
@@ -97,10 +98,6 @@ def engine():
     e.stop()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

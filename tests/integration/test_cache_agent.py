@@ -11,6 +11,8 @@ from collections import Counter
 
 import pytest
 
+from tests.otlp_receiver import accepts
+
 from .conftest import ROOT, free_port, wait_until
 
 REDIS_PORT = free_port()
@@ -60,18 +62,10 @@ def redis(agent):
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
                              "--save", "", "--appendonly", "no", "--protected-mode", "no"], stdout=subprocess.DEVNULL)
     wait_until(lambda: agent.tracks(proc.pid), 15, "the agent to track redis-server")
-    wait_until(lambda: _up(port), 10, "redis to listen")
+    wait_until(lambda: accepts(port), 10, "redis to listen")
     yield port
     proc.kill()
     proc.wait()
-
-
-def _up(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_preset_and_resp_mode_count_what_redis_counts(agent, redis):
