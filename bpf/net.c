@@ -37,6 +37,9 @@ BPF_TABLE("lru_hash", __u64, struct tuple, socks, 65536);
 BPF_PERCPU_ARRAY(counters, __u64, C_COUNTERS);
 BPF_PERCPU_HASH(http_status, struct status_key, __u64, 65536);
 BPF_PERCPU_ARRAY(zero_conn, struct conn, 1);
+BPF_HASH(bodies, __u64, struct body, MAX_BODIES); /* keyed like conns, for CF_BODY exchanges */
+BPF_PERCPU_ARRAY(zero_body, struct body, 1);
+BPF_ARRAY(beat_layout, struct beat, 1);   /* never used: gives userspace struct beat's layout */
 struct scan_buf {
     __u8 b[SCAN_CHUNK + 16];
 };
@@ -101,10 +104,30 @@ static __always_inline __u64 first_buffer(struct args *a, __u64 *len)
     return iov.base;
 }
 
-/* Submit a copy of the connection's finished exchange. */
+/* The payload pieces kept for this exchange, if any. */
+static __always_inline struct body *body_of(struct conn *c)
+{
+    if (!GENAI || !(c->flags & CF_BODY))
+        return NULL;
+    __u64 key = conn_key(c->tgid, c->fd);
+    struct body *b = bodies.lookup(&key);
+    return b && b->start_ns == c->start_ns ? b : NULL;
+}
+
+/* Submit a copy of the connection's finished exchange, its payload pieces
+ * after it when it has them. */
 static __always_inline void report(struct conn *c, __u8 reason)
 {
-    struct conn *e = exchanges.ringbuf_reserve(sizeof(struct conn));
+    struct conn *e;
+    struct body *b = body_of(c);
+    if (b) {
+        struct conn_body *eb = exchanges.ringbuf_reserve(sizeof(struct conn_body));
+        if (eb)
+            bpf_probe_read_kernel(&eb->b, sizeof(struct body), b);
+        e = (struct conn *)eb;
+    } else {
+        e = exchanges.ringbuf_reserve(sizeof(struct conn));
+    }
     if (!e) {
         count(C_LOST);
         return;
@@ -114,6 +137,83 @@ static __always_inline void report(struct conn *c, __u8 reason)
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
     exchanges.ringbuf_submit(e, BPF_RB_NO_WAKEUP); /* drained on the agent's tick */
     count(C_EXCHANGES);
+}
+
+/* Append the last bytes of a call's buffer to a tail ring (struct body). */
+static __always_inline void tail_append(__u8 *ring, __u32 *pos, __u64 buf, __u64 n)
+{
+    __u64 skip = 0;
+    if (n > TAIL_CAP) {
+        skip = n - TAIL_CAP;
+        n = TAIL_CAP;
+    }
+    __u32 off = *pos & (TAIL_CAP - 1);
+    __u64 first = TAIL_CAP - off;
+    if (first > n)
+        first = n;
+    if (first > TAIL_CAP) /* it is not: but the verifier needs to see it */
+        first = TAIL_CAP;
+    if (first && bpf_probe_read_user(ring + off, first, (void *)(buf + skip)))
+        return;
+    __u64 rest = n - first;
+    if (rest > TAIL_CAP)
+        rest = TAIL_CAP;
+    if (rest && bpf_probe_read_user(ring, rest, (void *)(buf + skip + first)))
+        return;
+    *pos += n;
+}
+
+/* Copy the first bytes of the request body, from buf. */
+static __always_inline void body_copy(struct body *b, __u64 buf, __u64 n)
+{
+    if (n > BODY_CAP)
+        n = BODY_CAP;
+    if (n && bpf_probe_read_user(b->body, n, (void *)buf) == 0)
+        b->body_len = n;
+}
+
+/* A POST begins: its payload pieces are kept from here on. */
+static __always_inline void start_body(struct conn *c, __u64 key, int whole)
+{
+    int zero = 0;
+    struct body *z = zero_body.lookup(&zero);
+    if (!z || bodies.update(&key, z)) {
+        count(C_BODIES_FULL);
+        return;
+    }
+    struct body *b = bodies.lookup(&key);
+    if (!b)
+        return;
+    b->start_ns = c->start_ns;
+    c->flags |= CF_BODY;
+    if (whole) /* the read is all in req: the body goes on in the next one */
+        c->flags |= CF_BODY_NEXT;
+}
+
+/* A response write of a POST exchange: when, how big, its first bytes. */
+static __always_inline void beat(struct conn *c, struct body *b, struct args *a, __u64 buf,
+                                 __u64 len, long ret)
+{
+    if (++b->writes > MAX_WRITES)
+        return;
+    struct beat *e = exchanges.ringbuf_reserve(sizeof(struct beat));
+    if (!e) {
+        count(C_WRITES_LOST);
+        return;
+    }
+    e->tgid = c->tgid;
+    e->fd = c->fd;
+    e->start_ns = c->start_ns;
+    e->ts_ns = a->enter_ns;
+    e->size = ret;
+    e->pipeline = c->pipeline;
+    __u64 n = ret < len ? ret : len;
+    if (n > PEEK_CAP)
+        n = PEEK_CAP;
+    e->peek_len = 0;
+    if (buf && n && bpf_probe_read_user(e->peek, n, (void *)buf) == 0)
+        e->peek_len = n;
+    exchanges.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
 /* Parse "HTTP/1.x NNN" at the start of b; 0 when it is not a status line. */
@@ -191,6 +291,7 @@ struct scan_state {
     __u64 buf; /* the read's user buffer */
     __u64 n;   /* bytes to search; 0: no search pending */
     __u64 off; /* where this chunk starts */
+    __u64 len; /* bytes the read returned */
 };
 BPF_PERCPU_ARRAY(scan_states, struct scan_state, 1);
 BPF_PROG_ARRAY(scan_prog, 1);
@@ -209,8 +310,15 @@ static __always_inline int scan_chunk(struct conn *c, struct scan_buf *s, struct
         if (s->b[i] != '\n')
             continue;
         const __u8 *l = &s->b[i + 1];
-        if (l[0] == '\r' || l[0] == '\n')
-            return 1; /* the blank line: the head ends here */
+        if (l[0] == '\r' || l[0] == '\n') { /* the blank line: the head ends here */
+            struct body *b = body_of(c);
+            __u64 at = off + i + 1 + (l[0] == '\r' ? 2 : 1);
+            if (b && at < st->len)
+                body_copy(b, st->buf + at, st->len - at);
+            else if (b)
+                c->flags |= CF_BODY_NEXT;
+            return 1;
+        }
         if ((l[0] | 0x20) != 't')
             continue;
         __u64 value = st->buf + off + i + 1;
@@ -221,7 +329,7 @@ static __always_inline int scan_chunk(struct conn *c, struct scan_buf *s, struct
             if (bpf_probe_read_user(c->ts, TS_CAP, (void *)(value + 11)) == 0)
                 c->ts_len = TS_CAP;
         }
-        if (c->tp_len && c->ts_len)
+        if (c->tp_len && c->ts_len && !(c->flags & CF_BODY))
             return 1;
     }
     return 0;
@@ -254,6 +362,12 @@ static __always_inline void want_scan(__u64 key, __u64 buf, __u64 n)
     st->buf = buf;
     st->n = n < HEAD_SCAN ? n : HEAD_SCAN;
     st->off = 0;
+    st->len = n;
+}
+
+static __always_inline int is_post(const __u8 *r)
+{
+    return r[0] == 'P' && r[1] == 'O' && r[2] == 'S' && r[3] == 'T' && r[4] == ' ';
 }
 
 static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 now)
@@ -274,13 +388,28 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         c->status = c->pipeline = 0;
         c->resp_len = 0;
         c->tp_len = c->ts_len = 0;
-        c->flags &= ~(CF_CHUNK_END | CF_SEEDED | CF_MISSED | CF_INTERIM);
+        c->flags &= ~(CF_CHUNK_END | CF_SEEDED | CF_MISSED | CF_INTERIM | CF_BODY | CF_BODY_NEXT);
         c->req_len = 0;
         if (buf && n > 0 && bpf_probe_read_user(c->req, n, (void *)buf) == 0)
             c->req_len = n;
+        __u64 key = conn_key(tgid, c->fd);
+        if (GENAI && c->req_len >= 5 && is_post(c->req))
+            start_body(c, key, all <= REQ_CAP);
         if (buf && all > REQ_CAP)
-            want_scan(conn_key(tgid, c->fd), buf, all);
+            want_scan(key, buf, all);
         c->state = ST_READING;
+    } else if (GENAI && (c->flags & CF_BODY_NEXT)) {
+        struct body *b = body_of(c);
+        __u64 len = 0, buf = first_buffer(a, &len);
+        if (b && buf)
+            body_copy(b, buf, ret < len ? ret : len);
+        c->flags &= ~CF_BODY_NEXT;
+    }
+    struct body *b = body_of(c);
+    if (b) {
+        __u64 len = 0, buf = first_buffer(a, &len);
+        if (buf)
+            tail_append(b->req_tail, &b->req_tail_pos, buf, ret < len ? ret : len);
     }
     c->bytes_in += ret;
     c->last_in_ns = now;
@@ -298,6 +427,7 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
         c->pipeline++;
         c->status = 0;
         c->tp_len = c->ts_len = 0;
+        c->flags &= ~(CF_BODY | CF_BODY_NEXT); /* the pieces were the first request's */
         c->state = ST_READING;
     }
     if (c->state != ST_RESPONDING) {
@@ -332,6 +462,12 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
         c->flags |= CF_CHUNK_END;
     else
         c->flags &= ~CF_CHUNK_END;
+    struct body *b = body_of(c);
+    if (b) {
+        beat(c, b, a, buf, len, ret);
+        if (buf)
+            tail_append(b->resp_tail, &b->resp_tail_pos, buf, ret < len ? ret : len);
+    }
     c->bytes_out += ret;
     c->last_out_ns = a->enter_ns;
 }
@@ -462,6 +598,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
     if (c->state != ST_IDLE)
         report(c, END_CLOSE);
     conns.delete(&key);
+    bodies.delete(&key);
     return 0;
 }
 

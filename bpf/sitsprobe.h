@@ -10,6 +10,12 @@
  *   MAX_CONNS            connections tracked at once
  *   RINGBUF_PAGES        exchange ring buffer size in pages (power of two)
  *   TCP_SENDMSG_HOOK     TCP_SENDMSG_FENTRY, _KPROBE or _TRACEPOINT (tcp:tcp_sendmsg_locked)
+ *   GENAI                1: keep the payload pieces below for POST exchanges, 0: none
+ *   BODY_CAP             first bytes of a POST request's body kept
+ *   TAIL_CAP             last bytes of a POST request and of its response kept (power of two)
+ *   PEEK_CAP             first bytes of each response write to a POST kept
+ *   MAX_WRITES           response writes of one exchange reported one by one
+ *   MAX_BODIES           POST exchanges in progress whose payload is kept at once
  */
 #ifndef SITSPROBE_H
 #define SITSPROBE_H
@@ -37,6 +43,25 @@
 #define TCP_SENDMSG_HOOK TCP_SENDMSG_TRACEPOINT
 #endif
 
+#ifndef GENAI
+#define GENAI 1
+#endif
+#ifndef BODY_CAP
+#define BODY_CAP 512
+#endif
+#ifndef TAIL_CAP
+#define TAIL_CAP 512
+#endif
+#ifndef PEEK_CAP
+#define PEEK_CAP 384
+#endif
+#ifndef MAX_WRITES
+#define MAX_WRITES 4096
+#endif
+#ifndef MAX_BODIES
+#define MAX_BODIES 4096
+#endif
+
 #define MAX_OVERFLOW 65536 /* connections the full conns table could not take, still counted */
 #define SCAN_CHUNK 256     /* HEAD_SCAN is searched this many bytes at a time */
 #define TP_CAP 64          /* bytes kept after "traceparent:" (the value is 55) */
@@ -56,6 +81,8 @@ enum conn_state {
 #define CF_SEEDED 0x08    /* connection existed before the agent (from /proc), no exchange yet */
 #define CF_MISSED 0x10    /* the agent saw this exchange's response, not its request */
 #define CF_INTERIM 0x20   /* only an interim (1xx) response has been sent so far */
+#define CF_BODY 0x40      /* a POST: its payload pieces are kept in `bodies` (struct body) */
+#define CF_BODY_NEXT 0x80 /* the request's next read begins where the captured bytes end */
 
 /* struct exchange_event.reason: why the exchange was reported */
 enum end_reason {
@@ -74,7 +101,9 @@ enum counter {
     C_NOTICES_LOST = 3,   /* exec/exit/listen notices lost: notice ring full */
     C_INFLIGHT_LOST = 4,  /* syscalls not followed: inflight map full */
     C_UNCOUNTED = 5,      /* connections neither tracked nor counted: overflow map full too */
-    C_COUNTERS = 6,
+    C_BODIES_FULL = 6,    /* POST exchanges whose payload was not kept: bodies map full */
+    C_WRITES_LOST = 7,    /* response write events lost: ring buffer full */
+    C_COUNTERS = 8,
 };
 
 struct tuple {
@@ -114,6 +143,43 @@ struct conn {
     __u8 tp[TP_CAP]; /* what followed the header name, up to the line end or TP_CAP */
     __u8 ts[TS_CAP];
 };
+
+/* What the kernel keeps of a POST exchange's payload, for userspace to read
+ * its GenAI meaning (sitsprobe/stitch/genai.py): in the `bodies` map beside
+ * the conn, and appended to the conn in its exchange event. Bounded, never
+ * exported raw. The tails are rings of TAIL_CAP bytes: byte i of the stream
+ * is at i % TAIL_CAP; the second half is room the verifier asks for. */
+struct body {
+    __u64 start_ns;      /* the exchange it belongs to (conn.start_ns) */
+    __u32 req_tail_pos;  /* request bytes appended to req_tail */
+    __u32 resp_tail_pos; /* response bytes appended to resp_tail */
+    __u32 writes;        /* response writes (beats sent for the first MAX_WRITES) */
+    __u16 body_len;      /* bytes in body */
+    __u8 body[BODY_CAP]; /* the first bytes after the request head's blank line */
+    __u8 req_tail[2 * TAIL_CAP];
+    __u8 resp_tail[2 * TAIL_CAP];
+};
+
+/* One response write of a POST exchange (its first MAX_WRITES): when, how
+ * big, and its first bytes. On the exchanges ring, before its exchange. */
+struct beat {
+    __u32 tgid;
+    __u32 fd;
+    __u64 start_ns; /* the exchange's conn.start_ns */
+    __u64 ts_ns;    /* the send began */
+    __u32 size;     /* bytes it sent */
+    __u16 pipeline;
+    __u16 peek_len;
+    __u8 peek[PEEK_CAP];
+};
+
+/* The exchanges ring carries three records, told apart by their size. */
+struct conn_body {
+    struct conn c;
+    struct body b;
+};
+_Static_assert(sizeof(struct beat) != sizeof(struct conn),
+               "capture.genai.write_peek_bytes makes a write event as big as an exchange: change it by 8");
 
 /* How a syscall passes its buffer: the low bits of struct args.kind. Userspace
  * writes these too, for reads that began before the agent (NetProbe.adopt_reads). */

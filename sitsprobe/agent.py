@@ -112,8 +112,11 @@ class Agent:
         self.probe = NetProbe(
             cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
                    max_connections=self.config.stitch.max_connections,
-                   ring_buffer_mib=self.config.ring_buffer_mib, tcp_sendmsg=tcp_hook),
-            self._on_exchange, self._on_notice, self._process_name)
+                   ring_buffer_mib=self.config.ring_buffer_mib, tcp_sendmsg=tcp_hook,
+                   genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,
+                   write_peek_bytes=cap.write_peek_bytes, max_writes=cap.max_writes,
+                   max_payloads=cap.max_payloads),
+            self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat)
         if self.config.engine.markers:
             from .probes.markers import MarkerProbe
             self.markers = MarkerProbe(None, self._on_marker)
@@ -270,6 +273,7 @@ class Agent:
             self.gpu.forget(pid)
         for ex in self.probe.forget(pid):
             self._take(ex, self.stitcher.on_flush(exited(ex), final=True))
+        self.stitcher.forget(pid)
         self._fold_counts(pid)
         self.exporter.close_process(pid)
         if comm is not None:

@@ -36,6 +36,12 @@ class Capture:
     response_bytes: int
     redact_headers: tuple[str, ...]
     keep_query_params: tuple[str, ...]
+    genai: bool
+    body_bytes: int
+    tail_bytes: int
+    write_peek_bytes: int
+    max_writes: int
+    max_payloads: int
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,42 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class Window:
+    """One SLI window of `sitsprobe report`: what it measures and its limit."""
+
+    name: str
+    measure: str  # ttft | duration | tpot | stage:<child span name> | attribute:<span attribute>
+    window_ms: float
+
+
+@dataclass(frozen=True)
+class Valid:
+    """What makes a GenAI response valid (sitsprobe.report.tables.invalid_reasons)."""
+
+    status_classes: tuple[str, ...]  # "2xx" or an exact code "404"
+    finish_reasons: tuple[str, ...]
+    require_finish_reason: bool
+    require_answer: bool
+    require_json_valid: bool
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a request's segments may sum from its duration: max(share x duration, min_ms)."""
+
+    share: float
+    min_ms: float
+
+
+@dataclass(frozen=True)
+class Report:
+    windows: tuple[Window, ...]
+    valid: Valid
+    uptime_target: float
+    tolerance: Tolerance
+
+
+@dataclass(frozen=True)
 class Config:
     select: Select
     capture: Capture
@@ -113,6 +155,7 @@ class Config:
     engine: Engine
     cache: Cache
     gpu: Gpu
+    report: Report
     duration_s: float | None
     stop_timeout_s: float
     kernel_headers: str | None
@@ -226,6 +269,66 @@ def _cache_probes(v: Any) -> tuple:
         raise _Bad(e.expected, _Shown(repr(e.got) if e.got is not None else "nothing"), e.key) from None
 _PATH = _str("a non-empty path")
 
+
+def _fields(cls: type, rules: Mapping[str, Rule]) -> Rule:
+    """A mapping of named settings, each checked by its rule, made into ``cls``.
+    Layered: keys a layer leaves out keep the value of the layer below (the
+    defaults at least), as keys of a section do."""
+    names = list(rules)
+
+    def check(v: Any, below: Any = None) -> Any:
+        if not isinstance(v, Mapping):
+            raise _Bad(check.desc, v)  # type: ignore[attr-defined]
+        got = dict(dataclasses.asdict(below)) if below is not None else {}
+        for key, value in v.items():
+            key = str(key)
+            if key not in rules:
+                close = difflib.get_close_matches(key, names, n=1)
+                raise _Bad("one of the keys " + ", ".join(names),
+                           _Shown("an unknown key" + (f" (did you mean {close[0]}?)" if close else "")),
+                           f".{key}")
+            try:
+                got[key] = rules[key](value)
+            except _Bad as e:
+                raise _Bad(e.expected, e.got, f".{key}{e.suffix}") from None
+        missing = [k for k in names if k not in got]
+        if missing:  # only the defaults layer can lack one: a packaging bug
+            raise _Bad("a value", _Shown("nothing"), f".{missing[0]}")
+        return cls(**{k: got[k] for k in names})
+    check.desc = f"a mapping of {', '.join(names)}"  # type: ignore[attr-defined]
+    check.layered = True  # type: ignore[attr-defined]
+    return check
+
+
+_MEASURE = re.compile(r"(ttft|duration|tpot)|(stage|attribute):\S.*")
+
+
+def _measure(v: Any) -> str:
+    if not isinstance(v, str) or not _MEASURE.fullmatch(v):
+        raise _Bad(_measure.desc, v)  # type: ignore[attr-defined]
+    return v
+
+
+_measure.desc = "ttft, duration, tpot, stage:<child span name> or attribute:<span attribute>"  # type: ignore[attr-defined]
+_window = _fields(Window, {"name": _str(), "measure": _measure, "window_ms": _num(0, above=True)})
+
+
+def _windows(v: Any) -> tuple:
+    """The SLI windows: a list of {name, measure, window_ms}, names unique."""
+    items = _list(lambda x: _window(x))(v)
+    seen: set[str] = set()
+    for i, w in enumerate(items):
+        if w.name in seen:
+            raise _Bad("a name no other window has", w.name, f"[{i}].name")
+        seen.add(w.name)
+    return items
+
+
+_windows.desc = "a list of windows, each a mapping of name, measure, window_ms"  # type: ignore[attr-defined]
+_STATUS_CLASS = _rule('a status class "1xx".."5xx" or a code 100..599',
+                      lambda v: isinstance(v, (str, int)) and not isinstance(v, bool)
+                      and re.fullmatch(r"[1-5](xx|\d\d)", str(v)) is not None, str)
+
 # The one table: dotted key -> rule. Order here is the order of `dump`.
 _RULES: dict[str, Rule] = {
     "select.pids": _list(_int(1)),
@@ -237,6 +340,12 @@ _RULES: dict[str, Rule] = {
     "capture.response_bytes": _int(16, 1024),
     "capture.redact_headers": _list(_str("a non-empty header name", conv=str.lower)),
     "capture.keep_query_params": _list(_str("a non-empty parameter name")),
+    "capture.genai": _BOOL,
+    "capture.body_bytes": _int(16, 4096),
+    "capture.tail_bytes": _int(16, 4096, pow2=True),
+    "capture.write_peek_bytes": _int(16, 1024),
+    "capture.max_writes": _int(1, 1048576),
+    "capture.max_payloads": _int(16, 1048576),
     "ring_buffer_mib": _int(1, 1024, pow2=True),
     "stitch.flush_interval_ms": _int(10, 60000),
     "stitch.max_connections": _int(64, 1048576),
@@ -274,6 +383,16 @@ _RULES: dict[str, Rule] = {
     "gpu.collapse_clear_s": _num(0.1, 3600),
     "gpu.collapse_min_working_percent": _num(0, 100),
     "gpu.collapse_min_history_s": _num(0, 3600),
+    "report.windows": _windows,
+    "report.valid": _fields(Valid, {
+        "status_classes": _list(_STATUS_CLASS),
+        "finish_reasons": _list(_str("a non-empty finish reason")),
+        "require_finish_reason": _BOOL,
+        "require_answer": _BOOL,
+        "require_json_valid": _BOOL,
+    }),
+    "report.uptime_target": _num(0, 1),
+    "report.tolerance": _fields(Tolerance, {"share": _num(0, 1), "min_ms": _num(0, 60000)}),
     "duration_s": _opt(_num(0, above=True)),
     "stop_timeout_s": _num(0.5, 120),
     "kernel_headers": _opt(_PATH),
@@ -281,7 +400,7 @@ _RULES: dict[str, Rule] = {
 }
 _SECTIONS = {"select": Select, "capture": Capture, "stitch": Stitch, "routes": Routes,
              "traces": Traces, "metrics": Metrics, "engine": Engine,
-             "cache": Cache, "gpu": Gpu}
+             "cache": Cache, "gpu": Gpu, "report": Report}
 
 
 def _unknown(source: str, name: str, word: str, choices: list[str]) -> ConfigError:
@@ -312,8 +431,9 @@ def _apply(layer: Mapping, source: str, out: dict[str, Any], dotted: bool) -> No
                 raise _unknown(source, name, name.partition(".")[2], choices)
             choices = [k for k in _RULES if "." not in k] + list(_SECTIONS)
             raise _unknown(source, name, name, list(_RULES) if dotted and "." in key else choices)
+        rule = _RULES[name]
         try:
-            out[name] = _RULES[name](value)
+            out[name] = rule(value, out.get(name)) if getattr(rule, "layered", False) else rule(value)
         except _Bad as e:
             raise ConfigError(source, name + e.suffix, e.expected, _show(e.got)) from None
 
@@ -378,6 +498,8 @@ def dump(config: Config) -> str:
     def plain(v: Any) -> Any:
         if isinstance(v, tuple):
             return [plain(x) for x in v]
+        if isinstance(v, dict):  # a nested dataclass, as asdict left it
+            return {k: plain(x) for k, x in v.items()}
         return v.to_dict() if hasattr(v, "to_dict") else v
     data = {f.name: ({k: plain(x) for k, x in dataclasses.asdict(getattr(config, f.name)).items()}
                      if f.name in _SECTIONS else getattr(config, f.name))

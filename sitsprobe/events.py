@@ -7,7 +7,7 @@ from typing import NamedTuple
 # Exchange.reason and Exchange.flags values, read here by stitch and the tests
 from .abi import (CF_CHUNK_END, CF_INTERIM, CF_MISSED, CF_SEEDED, CF_TCP,  # noqa: F401
                   CF_TUPLE, END_CLOSE, END_EXIT, END_FLUSH, END_NEXT, END_RESPONSE)
-from .request import Endpoint
+from .request import Endpoint, Payload, Write
 
 
 class Exchange(NamedTuple):
@@ -37,11 +37,19 @@ class Exchange(NamedTuple):
     resp: bytes  # first bytes of the response
     traceparent: bytes = b""  # what followed "traceparent:" in a head longer than req
     tracestate: bytes = b""
+    payload: Payload | None = None  # a POST's payload pieces (CF_BODY), its writes joined by stitch
 
     @property
     def key(self) -> tuple[int, int, int, int]:
         """Identifies one exchange across the ring and a userspace flush."""
         return (self.tgid, self.fd, self.start_ns, self.pipeline)
+
+
+class Beat(NamedTuple):
+    """One response write of a POST exchange, reported before the exchange."""
+
+    key: tuple[int, int, int, int]  # the exchange's Exchange.key
+    write: Write
 
 
 @dataclass(frozen=True, slots=True)

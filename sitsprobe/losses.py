@@ -25,6 +25,10 @@ ADVICE = {
                              "in sitsprobe_http_server_requests_untracked_total, never stitched)",
     "connection_tables_full_uncounted": "raise stitch.max_connections (these connections are "
                                         "neither stitched nor counted)",
+    "payload_table_full": "more POST exchanges in progress at once than capture.max_payloads: "
+                          "those get no gen_ai.* attributes from the wire",
+    "write_ring_full": "raise ring_buffer_mib, or lower capture.max_writes: those streams' "
+                       "token timings are a floor (sitsprobe.genai.events_approximate)",
     "notice_ring_full": "its size is fixed: processes that started or exited are still found "
                         "by the rescan every select.rescan_interval_s",
     "inflight_table_full": "more socket calls in flight at once than the fixed in-flight table "

@@ -69,6 +69,58 @@ class Inference:
 
 
 @dataclass(frozen=True, slots=True)
+class Write:
+    """One response write (a send call) of an exchange the kernel kept payload for."""
+
+    ts_ns: int  # when the send began
+    size: int  # bytes the call sent
+    peek: bytes  # its first bytes (capture.genai.write_peek_bytes at most)
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """What the kernel kept of one exchange's payloads beyond the request head,
+    for :mod:`sitsprobe.stitch.genai`; bounded by ``capture.genai``, never
+    exported. Pieces may overlap one another and the head: each says where
+    it comes from, none is assumed whole."""
+
+    request_body: bytes = b""  # the first bytes of the request body
+    request_tail: bytes = b""  # the last bytes of the request
+    response_tail: bytes = b""  # the last bytes of the response
+    writes: tuple[Write, ...] = ()  # the response's writes in order, the first (with the head) first
+    writes_total: int = 0  # every response write, including any past those kept
+
+
+@dataclass(frozen=True, slots=True)
+class GenAI:
+    """A request as generative AI: read from the wire (:mod:`sitsprobe.stitch.genai`)
+    or told by the engine's markers; one shape, so both give the same
+    attributes. Times are CLOCK_MONOTONIC ns; None: not known."""
+
+    source: str  # "wire" or "markers" (the markers' numbers win where both exist)
+    operation: str | None = None  # gen_ai.operation.name: chat, text_completion, embeddings
+    provider: str | None = None  # gen_ai.provider.name: the API the bytes speak (openai, ollama, ...)
+    request_model: str | None = None
+    response_model: str | None = None
+    max_tokens: int | None = None
+    finish_reasons: tuple[str, ...] = ()
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    usage_source: str | None = None  # "body", "stream_usage", "counted_events" or "markers"
+    streaming: bool = False
+    first_token_ns: int | None = None  # the first content-bearing event was written
+    last_token_ns: int | None = None  # the last one was
+    events: int = 0  # stream events (SSE data events, NDJSON lines), [DONE] not counted
+    content_events: int = 0  # of those, the ones that carried output
+    max_gap_ns: int | None = None  # longest gap between events after the first token
+    events_approximate: bool = False  # some writes were not seen whole: counts are a floor
+    error_type: str | None = None  # from an OpenAI-style error body
+    answer_empty: bool | None = None  # no output at all (None: could not tell)
+    json_requested: bool = False  # response_format asked for JSON
+    json_valid: bool | None = None  # ... and the answer parsed (None: not asked, or not all seen)
+
+
+@dataclass(frozen=True, slots=True)
 class GpuUse:
     """What the GPU did for one request (sitsprobe.gpu.attribution): attributes
     for its server span, and for each of its engine stages, aligned with
@@ -116,6 +168,8 @@ class Request(NamedTuple):
     tracestate: str | None = None  # W3C tracestate, with the traceparent
     trace_headers: tuple[bytes, bytes] | None = None  # (traceparent, tracestate) raw values the
     # kernel found past the captured head, for enrich(); never exported
+    payload: Payload | None = None  # body bytes kept for stitch.genai; never exported
+    genai: GenAI | None = None  # what the request was as generative AI, from the wire or markers
 
     @property
     def ttft_ns(self) -> int | None:

@@ -11,11 +11,11 @@ from importlib import resources
 from operator import itemgetter
 from pathlib import Path
 
-from ..abi import (CF_SEEDED, CF_TUPLE, END_FLUSH, N_EXEC, N_LISTEN, NET_COUNTERS as COUNTERS, ST_IDLE, ST_READING,
+from ..abi import (CF_BODY, CF_SEEDED, CF_TUPLE, END_FLUSH, N_EXEC, N_LISTEN, NET_COUNTERS as COUNTERS, ST_IDLE, ST_READING,
                    ST_RESPONDING, TCP_SENDMSG_FENTRY, TCP_SENDMSG_KPROBE, TCP_SENDMSG_TRACEPOINT)
 from ..procs import BlockedRead
-from ..events import Exchange, ProcessNotice
-from ..request import Endpoint
+from ..events import Beat, Exchange, ProcessNotice
+from ..request import Endpoint, Payload, Write
 from .hooks import FENTRY, KPROBE, TRACEPOINT, Hook
 from .layout import Layout
 from .maps import MapCopy
@@ -33,7 +33,9 @@ def bpf_dir() -> Path:
 
 
 def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
-           ring_buffer_mib: int, tcp_sendmsg: Hook) -> list[str]:
+           ring_buffer_mib: int, tcp_sendmsg: Hook, genai: bool = True, body_bytes: int = 512,
+           tail_bytes: int = 512, write_peek_bytes: int = 384, max_writes: int = 4096,
+           max_payloads: int = 4096) -> list[str]:
     """Load-time settings as -D constants (never string templating)."""
     return [
         f"-I{bpf_dir()}",
@@ -42,6 +44,12 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
         f"-DMAX_CONNS={max_connections}",
         f"-DRINGBUF_PAGES={ring_buffer_mib * 256}",
         f"-DTCP_SENDMSG_HOOK={_HOOK_CODE[tcp_sendmsg.kind]}",
+        f"-DGENAI={int(genai)}",
+        f"-DBODY_CAP={body_bytes}",
+        f"-DTAIL_CAP={tail_bytes}",
+        f"-DPEEK_CAP={write_peek_bytes}",
+        f"-DMAX_WRITES={max_writes}",
+        f"-DMAX_BODIES={max_payloads}",
     ]
 
 
@@ -111,12 +119,49 @@ class ExchangeDecoder:
         )
 
 
+def _tail(ring: bytes, pos: int, cap: int) -> bytes:
+    """The last bytes a tail ring of struct body holds, in order."""
+    if pos <= cap:
+        return ring[:pos]
+    off = pos % cap
+    return ring[off:cap] + ring[:off]
+
+
+class PayloadDecoder:
+    """The records the exchanges ring carries besides a bare `struct conn`:
+    `struct conn_body` (an exchange with its payload pieces) and `struct
+    beat` (one response write), told apart by their size."""
+
+    def __init__(self, body_type, beat_type, conn_size: int):
+        body = Layout(body_type)
+        self.size = conn_size + body.struct.size
+        self.tail_cap = body_type.req_tail.size // 2  # a ring, and the room the verifier asks for
+        self._body = body.subset("req_tail_pos", "resp_tail_pos", "writes", "body_len", "body",
+                                 "req_tail", "resp_tail")
+        beat = Layout(beat_type)
+        self.beat_size = beat.struct.size
+        self._beat = beat.subset("tgid", "fd", "start_ns", "ts_ns", "size", "pipeline", "peek_len", "peek")
+
+    def payload(self, buf: bytes) -> Payload:
+        """The `struct body` at the end of a conn_body record."""
+        req_pos, resp_pos, writes, body_len, body, req_tail, resp_tail = self._body.unpack_from(
+            buf, len(buf) - self._body.size)
+        cap = self.tail_cap
+        return Payload(request_body=body[:body_len], request_tail=_tail(req_tail, req_pos, cap),
+                       response_tail=_tail(resp_tail, resp_pos, cap), writes_total=writes)
+
+    def beat(self, buf: bytes) -> Beat:
+        tgid, fd, start_ns, ts_ns, size, pipeline, peek_len, peek = self._beat.unpack_from(buf)
+        return Beat((tgid, fd, start_ns, pipeline), Write(ts_ns, size, peek[:peek_len]))
+
+
 class NetProbe:
     """The loaded network program and its maps. Only this class touches them."""
 
     def __init__(self, flags: list[str], on_exchange: Callable[[Exchange], None],
                  on_notice: Callable[[ProcessNotice], None],
-                 name_of: Callable[[int, str], str] | None = None):
+                 name_of: Callable[[int, str], str] | None = None,
+                 on_beat: Callable[[Beat], None] = lambda _beat: None):
         from bcc import BPF  # the probes layer is the only one that imports bcc
 
         self._bpf = BPF(src_file=str(bpf_dir() / "net.c").encode(), cflags=flags)
@@ -135,10 +180,20 @@ class NetProbe:
         self._last_seen: dict[int, tuple[int, Exchange]] = {}  # key -> (seq, decoded)
         self._notice_map = self._bpf["notices"]
 
+        self._bodies = self._bpf["bodies"]
+        self._payloads = payloads = PayloadDecoder(self._bodies.Leaf, self._bpf["beat_layout"].Leaf,
+                                                   decode.size)
         self._budget = DrainBudget()
 
-        def exchange_cb(_ctx, data, _size):
-            on_exchange(decode(ct.string_at(data, decode.size)))
+        def exchange_cb(_ctx, data, size):
+            if size == decode.size:
+                on_exchange(decode(ct.string_at(data, size)))
+            elif size == payloads.beat_size:
+                on_beat(payloads.beat(ct.string_at(data, size)))
+                return 0  # a write is not an exchange: it spends no drain budget
+            else:
+                buf = ct.string_at(data, size)
+                on_exchange(decode(buf)._replace(payload=payloads.payload(buf)))
             return self._budget.take()
 
         def notice_cb(_ctx, data, _size):
@@ -223,13 +278,22 @@ class NetProbe:
             if seen is not None and seen[0] == (start, seq) and not seq % 2:
                 ex = seen[1]  # untouched since the last tick: settled, and already decoded
             else:
-                ex = self._decode(values[i * size:(i + 1) * size], END_FLUSH)
+                ex = self._with_payload(key, self._decode(values[i * size:(i + 1) * size], END_FLUSH))
                 if state == ST_RESPONDING and not self._settled(key, seq):
                     state = ST_READING
             now[key] = ((start, seq), ex)
             out.append((ex, state))
         self._last_seen = now
         return out
+
+    def _with_payload(self, key: int, ex: Exchange) -> Exchange:
+        """An open exchange with the payload pieces the kernel keeps beside it."""
+        if not ex.flags & CF_BODY:
+            return ex
+        b = self._bodies.get(self._bodies.Key(key))
+        if b is None or b.start_ns != ex.start_ns:
+            return ex
+        return ex._replace(payload=self._payloads.payload(bytes(ct.string_at(ct.byref(b), ct.sizeof(b)))))
 
     def _entries(self) -> list[tuple[int, tuple]]:
         """(key, unpacked conn) for every connection in the map now: copied
@@ -250,8 +314,9 @@ class NetProbe:
         for key, v in self._entries():
             if v[at_tgid] == tgid:
                 if v[at_state] != ST_IDLE:
-                    pending.append(self._decode.values(v, END_FLUSH))
+                    pending.append(self._with_payload(key, self._decode.values(v, END_FLUSH)))
                 self._conns.pop(self._conns.Key(key), None)
+                self._bodies.pop(self._bodies.Key(key), None)
         return pending
 
     def counters(self) -> dict[str, int]:

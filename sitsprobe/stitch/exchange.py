@@ -6,31 +6,61 @@ framing shows it ended (`complete`) is reported by the flush tick before
 that, once; the kernel's later copy of it is recognised by its key and
 dropped. Nothing is reported because a connection went quiet: a streamed
 answer that pauses is still one request, reported when it ends.
+
+A POST's response writes (`Beat`s) come before its exchange on the ring;
+they wait here, bounded, and join its payload when it arrives.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 
-from ..events import END_EXIT, Exchange
-from ..request import Request
+from ..events import END_EXIT, Beat, Exchange
+from ..request import Request, Write
 from ..routes import RouteMapper
 from .protocols import http1, protocol_of
 
 
 class Stitcher:
-    def __init__(self, routes: RouteMapper, max_remembered: int = 65536):
+    def __init__(self, routes: RouteMapper, max_remembered: int = 65536, max_writes: int = 1 << 20):
         self._routes = routes
         self._reported: OrderedDict[tuple[int, int, int, int], None] = OrderedDict()
         self._max_remembered = max_remembered
+        self._writes: dict[tuple[int, int, int, int], list[Write]] = {}
+        self._writes_held, self._max_writes = 0, max_writes
         self.duplicates = 0
+        self.writes_dropped = 0  # writes not held: max_writes were waiting already
+
+    def on_beat(self, beat: Beat) -> None:
+        """A response write of an exchange still to come."""
+        if self._writes_held >= self._max_writes:
+            self.writes_dropped += 1
+            return
+        self._writes.setdefault(beat.key, []).append(beat.write)
+        self._writes_held += 1
+
+    def forget(self, tgid: int) -> None:
+        """A process exited: the writes of its exchanges never reported go."""
+        for key in [k for k in self._writes if k[0] == tgid]:
+            self._writes_held -= len(self._writes.pop(key))
+
+    def _joined(self, ex: Exchange) -> Exchange:
+        """ex, reported now, with its writes in its payload (any later are dropped)."""
+        writes = self._writes.pop(ex.key, None)
+        if writes is None:
+            return ex
+        self._writes_held -= len(writes)
+        return ex if ex.payload is None else ex._replace(payload=replace(ex.payload, writes=tuple(writes)))
 
     def on_exchange(self, ex: Exchange) -> list[Request]:
         """An exchange the kernel reported."""
         if ex.key in self._reported:  # already reported by a flush
             del self._reported[ex.key]
             self.duplicates += 1
+            if (writes := self._writes.pop(ex.key, None)) is not None:
+                self._writes_held -= len(writes)
             return []
-        return self.requests(ex)
+        return self.requests(self._joined(ex))
 
     def due(self, ex: Exchange) -> bool:
         """Whether an open exchange's framing says its response has ended."""
@@ -45,7 +75,7 @@ class Stitcher:
         self._reported[ex.key] = None
         if len(self._reported) > self._max_remembered:
             self._reported.popitem(last=False)
-        requests = self.requests(ex)
+        requests = self.requests(self._joined(ex))
         if final and not protocol_of(ex).complete(ex):
             requests = [r._replace(complete=False) if r.protocol == http1.NAME else r
                         for r in requests]

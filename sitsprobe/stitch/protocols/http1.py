@@ -68,7 +68,8 @@ def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
             ex.tgid, ex.comm, ex.fd, ex.start_ns, end_ns(ex), ex.first_out_ns or None,
             ex.bytes_in, ex.bytes_out, ex.local, ex.peer, NAME, method, target,
             path, routes.route(path), status, None, None, done, ex.req,
-            trace_headers=(ex.traceparent, ex.tracestate) if ex.traceparent or ex.tracestate else None)
+            trace_headers=(ex.traceparent, ex.tracestate) if ex.traceparent or ex.tracestate else None,
+            payload=ex.payload)
         return [r if transport(ex) else r._replace(transport=None)]
     heads = parse_request_heads(ex.req)
     head = heads[ex.pipeline] if ex.pipeline < len(heads) else None
@@ -87,7 +88,7 @@ def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
         user_agent=head.headers.get("user-agent"), traceparent=head.traceparent,
         tracestate=head.headers.get("tracestate"),
         trace_headers=(ex.traceparent, ex.tracestate) if ex.pipeline == 0 else None,
-        **base)]
+        payload=ex.payload if ex.pipeline == 0 else None, **base)]
 
 
 def enrich(r: Request, redact: frozenset[str], keep_query: frozenset[str]) -> Request:
