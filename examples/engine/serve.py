@@ -2,12 +2,14 @@
 
     python examples/engine/serve.py --host 127.0.0.1 --port 8000 [--device cpu|cuda]
         [--redis redis://127.0.0.1:6379/0] [--model-seed 0] [--max-batch-size 8] [--max-window-ms 10]
+        [--no-markers]
 
 Prints "listening on HOST:PORT" once it accepts requests (--port 0 picks a free port).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -15,6 +17,8 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `examples.engine` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if "--no-markers" in sys.argv[1:]:  # before the engine's modules import the markers
+    os.environ["SITSPROBE_MARKERS"] = "off"
 
 import torch  # noqa: E402
 
@@ -38,6 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-queue", type=int, default=256, help="queued requests before 429")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--access-log", action="store_true", help="log each HTTP request to stderr")
+    p.add_argument("--no-markers", action="store_true",
+                   help="call no sitsprobe markers (SITSPROBE_MARKERS=off): the agent sees this "
+                        "engine from the wire alone, like any server")
     args = p.parse_args(argv)
     if args.max_batch_size < 1 or args.max_window_ms < 0 or args.prefix_cache_mb < 0 \
             or args.max_queue < 1 or args.threads < 1:

@@ -17,11 +17,16 @@ neither bcc nor torch.
         markers.usage(req_id, input_tokens=12, output_tokens=30, kv_bytes=1 << 20)
 
 Without a C compiler or sys/sdt.h the calls are Python no-ops (one warning
-says what is missing); NVTX ranges still work.
+says what is missing); NVTX ranges still work. ``SITSPROBE_MARKERS=off`` in
+the environment when this module is first imported turns every call into a
+no-op and loads no library: the agent then sees the engine as it sees any
+server, from the wire alone (how the reference engine's ``--no-markers``
+compares the two).
 """
 from __future__ import annotations
 
 import ctypes as _ct
+import os as _os
 import sys as _sys
 import warnings as _warnings
 
@@ -34,8 +39,13 @@ def _noop(*_args) -> None:
     pass
 
 
-_lib, _path, _why = _native.load()
-if _lib is None:
+ENV_SWITCH = "SITSPROBE_MARKERS"  # "off": no markers at all
+_off = _os.environ.get(ENV_SWITCH, "").strip().lower() in ("off", "0", "false", "no")
+_lib, _path, _why = (None, None, f"{ENV_SWITCH}=off") if _off else _native.load()
+if _off:
+    _request_begin = _request_end = _range_begin = _range_end = _noop
+    _batch = _cache_get = _usage = _noop
+elif _lib is None:
     _warnings.warn(f"sitsprobe.markers disabled: {_why}", RuntimeWarning, stacklevel=2)
     _request_begin = _request_end = _range_begin = _range_end = _noop
     _batch = _cache_get = _usage = _noop
@@ -77,7 +87,7 @@ def _encode(name: str) -> bytes:
 
 
 _modules = _sys.modules
-_nvtx = None  # torch.cuda.nvtx once torch is imported and has CUDA; False without CUDA
+_nvtx = False if _off else None  # torch.cuda.nvtx once torch is imported and has CUDA; False without
 
 
 def _find_nvtx():

@@ -73,6 +73,15 @@ def test_without_a_compiler_markers_are_noops_with_one_warning(tmp_path):
     assert "no C compiler" in r.stderr and "no-such-cc" in r.stderr
 
 
+@needs_cc
+def test_switched_off_nothing_is_built_loaded_or_said(tmp_path):
+    r = run_python(USE_EVERYTHING + "print(markers.library_path())",
+                   SITSPROBE_MARKERS_DIR=str(tmp_path), SITSPROBE_MARKERS="off")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "None" and r.stderr == ""
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_without_sdt_h_the_warning_says_what_to_install(tmp_path):
     cc = tmp_path / "cc"  # a compiler that cannot find the header, as one would
     cc.write_text("#!/bin/sh\necho 'markers.c:18:10: fatal error: sys/sdt.h: "
