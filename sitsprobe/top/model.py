@@ -5,11 +5,12 @@ as Prometheus's histogram_quantile does. No terminal and no network here."""
 from __future__ import annotations
 
 import json
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from ..quantile import histogram_quantile
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 SORTS = ("req/s", "err%", "p99", "process")  # what `s` cycles through, in order
@@ -128,24 +129,7 @@ def _num(v: object) -> float | None:
     return None if v is None else float(v)
 
 
-def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
-    """Prometheus's histogram_quantile over cumulative (upper bound, count)
-    pairs: linear inside the bucket the rank falls in; the highest finite
-    bound when it falls in +Inf. None without observations."""
-    buckets = sorted(buckets)
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    lower, below = 0.0, 0.0
-    for upper, count in buckets:
-        if count >= rank:
-            break
-        lower, below = upper, count
-    if math.isinf(upper):
-        return lower
-    if upper <= 0:
-        return upper
-    return lower + (upper - lower) * (rank - below) / (count - below)
+quantile = histogram_quantile  # the one rule, shared with the demo
 
 
 def diff(prev: Snapshot, cur: Snapshot, seconds: float, alerts: list[AlertRow] | None = None) -> View:
