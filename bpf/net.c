@@ -37,6 +37,7 @@ BPF_TABLE("lru_hash", __u64, struct tuple, socks, 65536);
 BPF_PERCPU_ARRAY(counters, __u64, C_COUNTERS);
 BPF_PERCPU_HASH(http_status, struct status_key, __u64, 65536);
 BPF_PERCPU_ARRAY(zero_conn, struct conn, 1);
+BPF_HASH(runq, __u32, __u64, 4096); /* tgid -> ns its threads waited to run, since tracked */
 BPF_HASH(bodies, __u64, struct body, MAX_BODIES); /* keyed like conns, for CF_BODY exchanges */
 BPF_PERCPU_ARRAY(zero_body, struct body, 1);
 BPF_ARRAY(beat_layout, struct beat, 1);   /* never used: gives userspace struct beat's layout */
@@ -62,6 +63,12 @@ static __always_inline __u64 conn_key(__u32 tgid, __u32 fd)
 static __always_inline int is_tracked(__u32 tgid)
 {
     return tracked.lookup(&tgid) != NULL;
+}
+
+static __always_inline __u64 runq_of(__u32 tgid)
+{
+    __u64 *v = RUNQ ? runq.lookup(&tgid) : NULL;
+    return v ? *v : 0;
 }
 
 /* Enter half of every data syscall: remember the arguments for the exit. */
@@ -385,6 +392,8 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         c->start_ns = now;
         c->first_out_ns = c->last_out_ns = 0;
         c->bytes_in = c->bytes_out = 0;
+        c->send_ns = c->runq_ns = 0;
+        c->runq_start = runq_of(tgid);
         c->status = c->pipeline = 0;
         c->resp_len = 0;
         c->tp_len = c->ts_len = 0;
@@ -415,7 +424,7 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
     c->last_in_ns = now;
 }
 
-static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, long ret)
+static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 now)
 {
     __u64 len = 0, buf = first_buffer(a, &len);
     __u16 status = status_sent(a, ret);
@@ -433,6 +442,8 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
     if (c->state != ST_RESPONDING) {
         if (c->state == ST_IDLE) { /* the server spoke first, or we missed the request */
             c->start_ns = a->enter_ns;
+            c->send_ns = c->runq_ns = 0;
+            c->runq_start = runq_of(tgid);
             if (c->flags & CF_SEEDED)
                 c->flags |= CF_MISSED;
             c->flags &= ~CF_SEEDED;
@@ -470,6 +481,8 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
     }
     c->bytes_out += ret;
     c->last_out_ns = a->enter_ns;
+    c->send_ns += now - a->enter_ns;
+    c->runq_ns = runq_of(tgid) - c->runq_start;
 }
 
 static __always_inline void on_accept(struct args *a, __u32 tgid, long fd)
@@ -533,7 +546,7 @@ static __always_inline int leave(void *ctx, long ret)
      * count is odd during the update, and moves on every update. */
     __sync_fetch_and_add(&c->seq, 1);
     if (a->kind & SEND)
-        on_send(c, a, tgid, ret);
+        on_send(c, a, tgid, ret, bpf_ktime_get_ns());
     else
         on_recv(c, a, tgid, ret, bpf_ktime_get_ns());
     __sync_fetch_and_add(&c->seq, 1);
@@ -716,6 +729,51 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     if (!args->group_dead || !is_tracked(tgid))
         return 0;
     tracked.delete(&tgid);
+    runq.delete(&tgid);
     notify(N_EXIT, tgid);
     return 0;
 }
+
+#if RUNQ
+/* Run-queue wait of tracked processes: from a thread becoming runnable (woken,
+ * or preempted while running) to it running again, summed per process. What
+ * a request waited that its own threads' CPU time does not explain. */
+BPF_TABLE("lru_hash", __u32, __u32, threads, 16384); /* tid -> tgid: tracked threads seen running */
+BPF_HASH(runnable, __u32, __u64, 16384);              /* tid -> since when it waits to run */
+
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+    __u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns();
+    __u32 tgid = id >> 32, tid = id, next = args->next_pid;
+    if (tid && is_tracked(tgid)) {
+        if (!threads.lookup(&tid))
+            threads.update(&tid, &tgid);
+        if ((args->prev_state & 0xff) == 0) /* TASK_RUNNING: preempted, still runnable */
+            runnable.update(&tid, &now);
+    }
+    __u64 *since = runnable.lookup(&next);
+    if (!since)
+        return 0;
+    __u64 waited = now - *since;
+    runnable.delete(&next);
+    __u32 *owner = threads.lookup(&next);
+    if (!owner)
+        return 0;
+    __u64 *total = runq.lookup(owner);
+    if (total)
+        __sync_fetch_and_add(total, waited);
+    else
+        runq.update(owner, &waited);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup)
+{
+    __u32 tid = args->pid;
+    if (!threads.lookup(&tid))
+        return 0;
+    __u64 now = bpf_ktime_get_ns();
+    runnable.update(&tid, &now);
+    return 0;
+}
+#endif

@@ -16,6 +16,7 @@
  *   PEEK_CAP             first bytes of each response write to a POST kept
  *   MAX_WRITES           response writes of one exchange reported one by one
  *   MAX_BODIES           POST exchanges in progress whose payload is kept at once
+ *   RUNQ                 1: time tracked processes' threads wait to run (sched tracepoints)
  */
 #ifndef SITSPROBE_H
 #define SITSPROBE_H
@@ -60,6 +61,9 @@
 #endif
 #ifndef MAX_BODIES
 #define MAX_BODIES 4096
+#endif
+#ifndef RUNQ
+#define RUNQ 1
 #endif
 
 #define MAX_OVERFLOW 65536 /* connections the full conns table could not take, still counted */
@@ -138,6 +142,9 @@ struct conn {
     __u32 seq; /* odd while an exchange is being updated: a reader's torn copy is detectable */
     __u8 tp_len; /* bytes in tp: the request head had a "traceparent:" line past req */
     __u8 ts_len; /* ... and "tracestate:" */
+    __u64 send_ns;      /* time spent inside the response's send calls */
+    __u64 runq_start;   /* the process's run-queue wait (RUNQ) when the exchange began ... */
+    __u64 runq_ns;      /* ... and how much it grew by the last write */
     __u8 req[REQ_CAP];
     __u8 resp[RESP_CAP];
     __u8 tp[TP_CAP]; /* what followed the header name, up to the line end or TP_CAP */

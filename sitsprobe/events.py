@@ -38,6 +38,8 @@ class Exchange(NamedTuple):
     traceparent: bytes = b""  # what followed "traceparent:" in a head longer than req
     tracestate: bytes = b""
     payload: Payload | None = None  # a POST's payload pieces (CF_BODY), its writes joined by stitch
+    send_ns: int = 0  # time inside the response's send calls
+    runq_ns: int = 0  # the process's threads' run-queue wait during the exchange (all threads)
 
     @property
     def key(self) -> tuple[int, int, int, int]:

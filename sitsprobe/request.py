@@ -170,6 +170,9 @@ class Request(NamedTuple):
     # kernel found past the captured head, for enrich(); never exported
     payload: Payload | None = None  # body bytes kept for stitch.genai; never exported
     genai: GenAI | None = None  # what the request was as generative AI, from the wire or markers
+    last_in_ns: int = 0  # last request byte received (0: not known)
+    send_ns: int = 0  # time spent inside the response's send calls
+    runq_ns: int = 0  # run-queue wait of the process's threads meanwhile (shared by concurrent requests)
 
     @property
     def ttft_ns(self) -> int | None:

@@ -1,0 +1,98 @@
+"""A request's latency in five segments, the SITS2026 methodology's
+网络/调度/计算/IO/缓存: network, scheduling, compute, I/O and cache.
+
+The five are a partition of the request's span, first byte in to last byte
+out: every instant is counted in exactly one segment, so they add up to the
+duration. What each holds:
+
+- **network**: receiving the request (first to last byte in: a body the client
+  is still sending), the time inside the response's send calls, and with
+  engine markers everything outside the engine's stages (before its first,
+  after its last: parsing, queuing for the HTTP server, writing out).
+- **scheduling**: the engine's queue stages (``engine.scheduling_stages``), and
+  the run-queue wait of the server's threads while the request was open
+  (``stitch.run_queue``: the kernel's ``sched_switch``/``sched_wakeup``).
+- **compute**: the engine's compute stages (prefill, decode, ...: every stage
+  not named in another list) and its time between stages; without markers,
+  everything between the last byte in and the last byte out that is not a
+  send call or a run-queue wait (the server's own time, the model's included).
+- **io**: the engine's I/O stages (``engine.io_stages``: host-device copies,
+  synchronisation).
+- **cache**: the engine's cache stages (``engine.cache_stages``).
+
+Approximate, and said so: the run-queue wait is the whole process's (all its
+threads, shared by the requests open at the time), so it is taken out of
+compute only up to what compute holds; a send made during a decode step (a
+stream) counts as compute when the engine marks that step; an engine without
+markers cannot tell its queue from its model, so both are compute. Where two
+stages overlap, the instant goes to the first of cache, io, scheduling,
+network, compute.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..request import Request
+
+SEGMENTS = ("network", "scheduling", "compute", "io", "cache")
+NETWORK, SCHEDULING, COMPUTE, IO, CACHE = range(5)
+_PRIORITY = (CACHE, IO, SCHEDULING, NETWORK, COMPUTE)  # who wins an overlapped instant
+
+
+class StageSegments:
+    """Which segment an engine stage's time counts in (the engine.*_stages lists)."""
+
+    def __init__(self, scheduling: Iterable[str] = ("queue",), io: Iterable[str] = (),
+                 cache: Iterable[str] = (), network: Iterable[str] = ()):
+        self._of: dict[str, int] = {}
+        for seg, names in ((NETWORK, network), (CACHE, cache), (IO, io), (SCHEDULING, scheduling)):
+            self._of.update(dict.fromkeys(names, seg))
+
+    def of(self, stage: str) -> int:
+        return self._of.get(stage, COMPUTE)
+
+
+def segments(r: Request, stages: StageSegments) -> tuple[int, int, int, int, int]:
+    """(network, scheduling, compute, io, cache) in ns, adding up to r.duration_ns."""
+    start, end = r.start_ns, r.end_ns
+    out = [0] * 5
+    if end <= start:
+        return (0, 0, 0, 0, 0)
+    inf = r.inference
+    if inf is not None and inf.stages:
+        _engine_timeline(out, start, end, [(max(s.start_ns, start), min(s.end_ns, end), stages.of(s.name))
+                                           for s in inf.stages if s.end_ns > start and s.start_ns < end])
+    else:
+        last_in = min(max(r.last_in_ns, start), end) if r.last_in_ns else start
+        out[NETWORK] = last_in - start
+        out[COMPUTE] = end - last_in
+        sent = min(r.send_ns, out[COMPUTE])
+        out[COMPUTE] -= sent
+        out[NETWORK] += sent
+    waited = min(r.runq_ns, out[COMPUTE])
+    out[COMPUTE] -= waited
+    out[SCHEDULING] += waited
+    return tuple(out)
+
+
+def _engine_timeline(out: list[int], start: int, end: int, spans: list[tuple[int, int, int]]) -> None:
+    """Sweep the request's span: each piece goes to the first active segment
+    in _PRIORITY; a piece no stage covers is compute inside the engine's
+    first-to-last stage and network outside it. O(n log n) in stages."""
+    if not spans:
+        out[NETWORK] += end - start
+        return
+    first, last = min(s for s, _, _ in spans), max(e for _, e, _ in spans)
+    events = sorted([(s, 1, seg) for s, _, seg in spans] + [(e, -1, seg) for _, e, seg in spans]
+                    + [(first, 0, -1), (last, 0, -1), (end, 0, -1)])
+    active = [0] * 5
+    at = start
+    for t, step, seg in events:
+        if t > at:
+            held = next((p for p in _PRIORITY if active[p]), None)
+            if held is None:
+                held = COMPUTE if first <= at and t <= last else NETWORK
+            out[held] += t - at
+            at = t
+        if step:
+            active[seg] += step

@@ -1,0 +1,66 @@
+"""The five latency segments partition a request's span (the definitions are
+sitsprobe/stitch/segments.py's docstring)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sitsprobe.request import Inference, Request, Stage
+from sitsprobe.stitch.segments import SEGMENTS, StageSegments, segments
+
+MS = 1_000_000
+RULES = StageSegments(scheduling=["queue"], io=["h2d"], cache=["prefix_lookup"])
+
+
+def req(start=0, end=100 * MS, stages=(), **kw) -> Request:
+    inf = Inference(1, "tiny", start, end, stages=tuple(Stage(n, a * MS, b * MS) for n, a, b in stages)) \
+        if stages else None
+    return Request(pid=1, comm="python3", fd=5, start_ns=start, end_ns=end, first_out_ns=None,
+                   bytes_in=100, bytes_out=100, inference=inf, **kw)
+
+
+def named(t) -> dict[str, float]:
+    return {k: v / MS for k, v in zip(SEGMENTS, t)}
+
+
+def test_wire_only_the_read_and_the_sends_are_network_the_rest_compute():
+    r = req(last_in_ns=4 * MS, send_ns=6 * MS)
+    assert named(segments(r, RULES)) == {"network": 10, "scheduling": 0, "compute": 90, "io": 0, "cache": 0}
+
+
+def test_run_queue_wait_comes_out_of_compute_and_no_more_than_it_holds():
+    assert named(segments(req(last_in_ns=10 * MS, runq_ns=30 * MS), RULES))["scheduling"] == 30
+    capped = named(segments(req(last_in_ns=90 * MS, runq_ns=500 * MS), RULES))
+    assert capped["scheduling"] == 10 and capped["compute"] == 0
+
+
+def test_engine_stages_by_their_segment_with_the_gaps_inside_compute_and_outside_network():
+    r = req(stages=[("queue", 10, 20), ("prefix_lookup", 20, 22), ("prefill", 22, 40),
+                    ("h2d", 30, 33), ("decode", 45, 80)])
+    assert named(segments(r, RULES)) == {
+        "network": 10 + 20,  # before the first stage, after the last
+        "scheduling": 10,
+        "compute": 18 - 3 + 5 + 35,  # prefill less the copy inside it, the gap 40..45, decode
+        "io": 3, "cache": 2}
+
+
+def test_stages_outside_the_span_are_clipped():
+    r = req(start=10 * MS, end=50 * MS, stages=[("prefill", 0, 30), ("decode", 30, 70)])
+    assert named(segments(r, RULES)) == {"network": 0, "scheduling": 0, "compute": 40, "io": 0, "cache": 0}
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_they_always_add_up_to_the_duration(seed):
+    rng = random.Random(seed)
+    end = rng.randrange(1, 10**9)
+    stages = []
+    for _ in range(rng.randrange(0, 40)):
+        a = rng.randrange(-10**8, end + 10**8)
+        stages.append((rng.choice(["queue", "prefill", "decode", "h2d", "prefix_lookup", "x"]),
+                       a / MS, (a + rng.randrange(0, 10**8)) / MS))
+    r = req(end=end, stages=stages, last_in_ns=rng.randrange(0, end), send_ns=rng.randrange(0, end),
+            runq_ns=rng.randrange(0, 2 * end))
+    t = segments(r, RULES)
+    assert min(t) >= 0
+    assert sum(t) == pytest.approx(end, abs=len(stages) + 1)  # stage times are rounded to ns
