@@ -1,4 +1,4 @@
-"""sitsprobe's command line: run, doctor, config."""
+"""sitsprobe's command line: run, doctor, config, top, heatmap, report."""
 from __future__ import annotations
 
 import argparse
@@ -33,6 +33,31 @@ prefix; per GPU, busy share, memory and power, with raised collapse alerts.
 The numbers are differences between consecutive scrapes of the agent's
 /metrics page (quantiles from histogram buckets, as histogram_quantile does);
 alerts come from its /alerts.json. Keys: q quit, p pause, s sort HTTP rows.
+"""
+
+REPORT_EPILOG = """\
+examples:
+  sitsprobe report traces.jsonl
+  sitsprobe report traces.jsonl --last 15m --png attribution.png
+  sitsprobe report --agent http://127.0.0.1:9102 --json
+
+Three tables, over the requests (SERVER spans) that ended in the window:
+- Latency attribution: the slow tail is the slowest 1 % by duration; per
+  segment (network, scheduling, compute, io, cache: the sitsprobe.latency.*_s
+  attributes), its P99 and its share of the tail's time, next to its mean,
+  variance and share over all requests; then whether the segments add up to
+  each duration (report.tolerance).
+- SLIs: per window of report.windows, the share of requests within it and
+  the P99 of what it measures; then EIPR, valid GenAI responses per second,
+  and semantic uptime, valid / all GenAI responses, against
+  report.uptime_target (report.valid says what is valid).
+- Sampling bias: the P99 of duration from every request, the P99 that
+  head sampling at --sample-ratio would show (decided by trace id, exactly as
+  OpenTelemetry's TraceIdRatioBased sampler), and the spread of 100 random
+  samples at that ratio. The "exact" P99 is exact only if the input holds
+  every request: a traces file written with traces.max_per_second 0, or --agent.
+Quantiles are nearest-rank: the smallest value with at least that share of
+the requests at or below it.
 """
 
 
@@ -80,6 +105,26 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds between scrapes (default 1.0)")
     top.add_argument("--once", action="store_true",
                      help="print one plain-text frame (two scrapes --interval apart) and exit")
+
+    rep = sub.add_parser("report", help="latency attribution, SLIs and a sampling-bias check "
+                                        "from a traces file or a running agent",
+                         epilog=REPORT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rep.add_argument("traces", nargs="?", metavar="TRACES_FILE",
+                     help="OTLP/JSON lines, as `sitsprobe run --traces-file` writes them (- = stdin)")
+    rep.add_argument("--agent", metavar="URL",
+                     help="instead, a running agent's recent requests, e.g. http://127.0.0.1:9102")
+    when = rep.add_argument_group("time window (by each request's end; default: every request)")
+    when.add_argument("--last", metavar="DURATION",
+                      help="the last DURATION (90s, 5m, 1.5h, 2d) up to the newest request")
+    when.add_argument("--since", metavar="TIME", help="from TIME: ISO 8601 (no offset = UTC) or Unix seconds")
+    when.add_argument("--until", metavar="TIME", help="up to TIME, as --since")
+    rep.add_argument("--json", action="store_true", help="print the tables as one JSON document")
+    rep.add_argument("--png", metavar="FILE", help="also draw the attribution as a PNG here")
+    rep.add_argument("-c", "--config", metavar="FILE",
+                     help="YAML config whose report: section sets windows, validity and tolerance")
+    rep.add_argument("--sample-ratio", type=float, default=0.01, metavar="RATIO",
+                     help="head-sampling ratio the bias check compares against, 0 < RATIO <= 1 "
+                          "(default 0.01)")
 
     conf = sub.add_parser("config", help="show or check the effective configuration")
     conf.add_argument("-c", "--config", metavar="FILE")
@@ -153,6 +198,43 @@ def _top(a: argparse.Namespace) -> int:
     return 0
 
 
+def _report(a: argparse.Namespace) -> int:
+    from .report import build, render
+    from .report import load as source
+    from .report.tables import kept_attributes
+
+    if (a.traces is None) == (a.agent is None):
+        raise SitsprobeError("report: give a TRACES_FILE or --agent URL (one of them)")
+    if not 0 < a.sample_ratio <= 1:
+        raise SitsprobeError(f"--sample-ratio: expected a number 0 < RATIO <= 1, got {a.sample_ratio:g}")
+    if a.last is not None and (a.since is not None or a.until is not None):
+        raise SitsprobeError("--last: use it alone, or --since/--until, not both")
+    settings = cfg.load(a.config).report
+    last = source.parse_duration(a.last) if a.last is not None else None
+    since = source.parse_time(a.since, "--since") if a.since is not None else None
+    until = source.parse_time(a.until, "--until") if a.until is not None else None
+    if since is not None and until is not None and since >= until:
+        raise SitsprobeError(f"--since {a.since} is not before --until {a.until}")
+    if a.agent is not None:
+        loaded = source.fetch_agent(a.agent, window_s=last)
+    else:
+        loaded = source.read_traces(a.traces, kept_attributes(settings.windows))
+    records, window = source.select(loaded.records, since, until, last)
+    window = source.covered(window, loaded)
+    tables = build(records, settings, window, a.sample_ratio)
+    print(render.json_text(tables, loaded) if a.json else render.text(tables, loaded), end="")
+    if a.png:
+        try:
+            render.png(tables, a.png, title=loaded.source)
+        except ImportError:
+            raise SitsprobeError("--png needs matplotlib: pip install 'sitsprobe[heatmap]'") from None
+        except OSError as e:
+            raise SitsprobeError(f"--png {a.png}: cannot write ({e.strerror or e})") from None
+        if not a.json:
+            print(f"wrote {a.png}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     try:
@@ -162,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             return _heatmap(a)
         if a.command == "top":
             return _top(a)
+        if a.command == "report":
+            return _report(a)
         if a.command == "doctor":
             from . import doctor
             headers = cfg.load(a.config).kernel_headers if a.config else None

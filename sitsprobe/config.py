@@ -48,6 +48,7 @@ class Capture:
 class Stitch:
     flush_interval_ms: int
     max_connections: int
+    run_queue: bool
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,10 @@ class Metrics:
 class Engine:
     markers: bool
     join_wait_ms: int
+    scheduling_stages: tuple[str, ...]  # engine stages whose time is that latency segment's
+    io_stages: tuple[str, ...]          # (stitch.segments); any other stage is compute
+    cache_stages: tuple[str, ...]
+    network_stages: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,7 @@ class Report:
     windows: tuple[Window, ...]
     valid: Valid
     uptime_target: float
+    recent_requests: int
     tolerance: Tolerance
 
 
@@ -267,6 +273,7 @@ def _cache_probes(v: Any) -> tuple:
         return specs_from_list(items, "", "")
     except ConfigError as e:
         raise _Bad(e.expected, _Shown(repr(e.got) if e.got is not None else "nothing"), e.key) from None
+
 _PATH = _str("a non-empty path")
 
 
@@ -292,8 +299,8 @@ def _fields(cls: type, rules: Mapping[str, Rule]) -> Rule:
             except _Bad as e:
                 raise _Bad(e.expected, e.got, f".{key}{e.suffix}") from None
         missing = [k for k in names if k not in got]
-        if missing:  # only the defaults layer can lack one: a packaging bug
-            raise _Bad("a value", _Shown("nothing"), f".{missing[0]}")
+        if missing:  # nothing below to keep: a window's keys, or a packaging bug
+            raise _Bad("a value (the key is required)", _Shown("none"), f".{missing[0]}")
         return cls(**{k: got[k] for k in names})
     check.desc = f"a mapping of {', '.join(names)}"  # type: ignore[attr-defined]
     check.layered = True  # type: ignore[attr-defined]
@@ -315,7 +322,7 @@ _window = _fields(Window, {"name": _str(), "measure": _measure, "window_ms": _nu
 
 def _windows(v: Any) -> tuple:
     """The SLI windows: a list of {name, measure, window_ms}, names unique."""
-    items = _list(lambda x: _window(x))(v)
+    items = _list(_window)(v)
     seen: set[str] = set()
     for i, w in enumerate(items):
         if w.name in seen:
@@ -349,6 +356,7 @@ _RULES: dict[str, Rule] = {
     "ring_buffer_mib": _int(1, 1024, pow2=True),
     "stitch.flush_interval_ms": _int(10, 60000),
     "stitch.max_connections": _int(64, 1048576),
+    "stitch.run_queue": _BOOL,
     "routes.templates": _list(_str('a string starting with "/"', lambda s: s.startswith("/"))),
     "routes.collapse_ids": _BOOL,
     "routes.max_routes": _int(1, 100000),
@@ -363,6 +371,10 @@ _RULES: dict[str, Rule] = {
     "metrics.port": _int(0, 65535),
     "engine.markers": _BOOL,
     "engine.join_wait_ms": _int(0, 60000),
+    "engine.scheduling_stages": _list(_str("a stage name")),
+    "engine.io_stages": _list(_str("a stage name")),
+    "engine.cache_stages": _list(_str("a stage name")),
+    "engine.network_stages": _list(_str("a stage name")),
     "cache.probes": _cache_probes,
     "cache.resp_mode": _BOOL,
     "cache.prefix_delimiter": _str(),
@@ -392,6 +404,7 @@ _RULES: dict[str, Rule] = {
         "require_json_valid": _BOOL,
     }),
     "report.uptime_target": _num(0, 1),
+    "report.recent_requests": _int(0, 1_000_000),
     "report.tolerance": _fields(Tolerance, {"share": _num(0, 1), "min_ms": _num(0, 60000)}),
     "duration_s": _opt(_num(0, above=True)),
     "stop_timeout_s": _num(0.5, 120),
