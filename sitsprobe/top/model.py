@@ -37,13 +37,25 @@ class HttpRow:
 
 @dataclass(frozen=True)
 class EngineRow:
+    """One (process, model): GenAI requests seen on the wire or by the engine's markers."""
     process: str
     model: str
-    ttft_p50: float | None
+    rate: float | None  # requests/s; None: no request histogram for this model
+    output_tokens_rate: float | None  # output tokens/s; None: no token counter
+    ttft_p50: float | None  # seconds, time to first token
     ttft_p99: float | None
     tpot_p50: float | None  # time per output token
-    prefix_hits: float | None  # prefix-cache hit ratio over the interval
-    prefix_hits_total: float | None  # ... since the engine started
+    tpot_p99: float | None
+    slow_segment: str | None  # where the slow tail's time went most in the interval
+    slow_share: float | None  # ... that segment's share of the slow tail's seconds
+
+
+@dataclass(frozen=True)
+class PrefixCacheRow:
+    """An engine process's prefix-cache look-ups, by process (the cache is the engine's)."""
+    process: str
+    hits: float | None  # hit ratio over the interval; None without look-ups in it
+    hits_total: float | None  # ... since the engine started
 
 
 @dataclass(frozen=True)
@@ -88,7 +100,7 @@ class View:
     lost_total: float
     lost_by_reason: dict[str, float]  # non-zero reasons only
     http: list[HttpRow]
-    engine: list[EngineRow]
+    engine: list[EngineRow]  # by process, then model
     batch_mean: float | None
     batch_rate: float  # batched steps/s
     caches: list[CacheRow]
@@ -96,6 +108,7 @@ class View:
     alerts: list[AlertRow] = field(default_factory=list)
     spans_rate: float = 0.0  # spans delivered/s, every sink
     spans_dropped: dict[str, float] = field(default_factory=dict)  # "sink reason" -> since start, non-zero
+    prefix_caches: list[PrefixCacheRow] = field(default_factory=list)  # by process
 
 
 def parse(text: str, at: float) -> Snapshot:
@@ -144,7 +157,7 @@ def diff(prev: Snapshot, cur: Snapshot, seconds: float, alerts: list[AlertRow] |
         processes=len(cur.series("sitsprobe_tracked_process_info")),
         events_rate=sum(d.counter("sitsprobe_events_received_total").values()) / seconds,
         lost_total=sum(lost.values()), lost_by_reason=lost,
-        http=_http(d, seconds), engine=_engine(d, cur),
+        http=_http(d, seconds), engine=_engine(d, seconds), prefix_caches=_prefix_caches(d),
         batch_mean=batch_sum / batch_n if batch_n else None, batch_rate=batch_n / seconds,
         caches=_caches(d, seconds), gpus=_gpus(cur),
         alerts=alerts if alerts is not None else _gauge_alerts(cur),
@@ -219,20 +232,46 @@ def _http(d: _Delta, seconds: float) -> list[HttpRow]:
     return rows
 
 
-def _engine(d: _Delta, cur: Snapshot) -> list[EngineRow]:
-    ttft = d.quantiles("gen_ai_server_time_to_first_token_seconds", (0.5, 0.99), "process", "model")
-    tpot = d.quantiles("gen_ai_server_time_per_output_token_seconds", (0.5,), "process", "model")
-    lookups = d.by("sitsprobe_engine_cache_lookups_total", "cache", "process", "result")
+def _engine(d: _Delta, seconds: float) -> list[EngineRow]:
+    """By (process, model), every model any GenAI series names: a model with
+    requests but no token timings shows None there, and so on."""
+    keys = ("process", "model")
+    requests = d.by("gen_ai_server_request_duration_seconds_count", *keys)
+    output = {(p, m): n for (p, m, t), n in d.by("gen_ai_server_tokens_total", *keys, "type").items()
+              if t == "output"}
+    ttft = d.quantiles("gen_ai_server_time_to_first_token_seconds", (0.5, 0.99), *keys)
+    tpot = d.quantiles("gen_ai_server_time_per_output_token_seconds", (0.5, 0.99), *keys)
+    slow: dict[tuple[str, ...], dict[str, float]] = defaultdict(dict)  # (process, model) -> segment -> s
+    for (p, m, seg), n in d.by("sitsprobe_gen_ai_slow_tail_segment_seconds_total", *keys, "segment").items():
+        slow[(p, m)][seg] = n
+    rows = []
+    for key in sorted(set(requests) | set(output) | set(ttft) | set(tpot) | set(slow)):
+        t50, t99 = ttft.get(key, [None, None])
+        p50, p99 = tpot.get(key, [None, None])
+        by_segment = slow.get(key, {})
+        tail = sum(by_segment.values())
+        top = max(by_segment, key=lambda s: (by_segment[s], s)) if tail > 0 else None
+        rows.append(EngineRow(*key, _per(requests.get(key), seconds), _per(output.get(key), seconds),
+                              t50, t99, p50, p99, top, by_segment[top] / tail if top else None))
+    return rows
+
+
+def _per(n: float | None, seconds: float) -> float | None:
+    return None if n is None else n / seconds
+
+
+def _prefix_caches(d: _Delta) -> list[PrefixCacheRow]:
+    """Each engine process with prefix-cache look-ups: its hit ratio in the interval and since start."""
+    lookups = {(p, r): n for (c, p, r), n in d.by("sitsprobe_engine_cache_lookups_total",
+                                                  "cache", "process", "result").items() if c == "prefix"}
     since_start = {dict(k).get("process", ""): v
-                   for k, v in cur.series("sitsprobe_engine_cache_hit_ratio").items()
+                   for k, v in d.cur.series("sitsprobe_engine_cache_hit_ratio").items()
                    if dict(k).get("cache") == "prefix"}
     rows = []
-    for proc, model in sorted(set(ttft) | set(tpot)):
-        hits = lookups.get(("prefix", proc, "hit"), 0.0)
-        total = hits + lookups.get(("prefix", proc, "miss"), 0.0)
-        t50, t99 = ttft.get((proc, model), [None, None])
-        rows.append(EngineRow(proc, model, t50, t99, tpot.get((proc, model), [None])[0],
-                              hits / total if total else None, since_start.get(proc)))
+    for proc in sorted({p for p, _ in lookups} | set(since_start)):
+        hits = lookups.get((proc, "hit"), 0.0)
+        total = hits + lookups.get((proc, "miss"), 0.0)
+        rows.append(PrefixCacheRow(proc, hits / total if total else None, since_start.get(proc)))
     return rows
 
 

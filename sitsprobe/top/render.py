@@ -68,14 +68,26 @@ def _http(view: View, sort: str) -> list[str]:
 
 
 def _engine(view: View) -> list[str]:
-    lines = [f"[b]{'Engine':<25} {'ttft p50':>9} {'ttft p99':>9} {'tpot p50':>9} "
-             f"{'prefix hits':>12} {'since start':>11}[/b]"]
-    for r in view.engine:
-        lines.append(f"{_cell(f'{r.process} {r.model}', 25)} {_dur(r.ttft_p50):>9} {_dur(r.ttft_p99):>9} "
-                     f"{_dur(r.tpot_p50):>9} {_pct(r.prefix_hits):>12} {_pct(r.prefix_hits_total):>11}")
+    """A line per engine process (with its prefix cache, when it has one), its
+    models under it: the columns fit 80 with an 18-character model name."""
+    head = (f"[b]{'GenAI by model':<20} {'req/s':>6} {'tok/s':>6} {'ttft p50/p99':>13}"
+            f"  {'tpot p50/p99':>13}  slow tail[/b]")
+    lines = [head]
+    prefix = {r.process: r for r in view.prefix_caches}
+    for proc in sorted({r.process for r in view.engine} | set(prefix)):
+        line = escape(proc)
+        if (c := prefix.get(proc)) is not None:
+            hits = "no look-ups" if c.hits is None else f"{_pct(c.hits)} hits"
+            line += f"  prefix cache {hits}, {_pct(c.hits_total)} since start"
+        lines.append(line)
+        for r in (r for r in view.engine if r.process == proc):
+            slow = "-" if r.slow_segment is None else f"{escape(r.slow_segment[:10])} {r.slow_share:.0%}"
+            lines.append(f"  {_cell(r.model or '(unnamed)', 18)} {_rate(r.rate):>6} "
+                         f"{_rate(r.output_tokens_rate):>6} {_short(r.ttft_p50):>6} {_short(r.ttft_p99):>6}"
+                         f"  {_short(r.tpot_p50):>6} {_short(r.tpot_p99):>6}  {slow}")
     if view.batch_mean is not None:
         lines.append(f"batches: {view.batch_mean:.2f} requests per step, {view.batch_rate:.1f} steps/s")
-    return lines if len(lines) > 1 else [*lines, "no engine markers seen"]
+    return lines if len(lines) > 1 else [*lines, "no GenAI requests seen yet"]
 
 
 def _caches(view: View) -> list[str]:
@@ -125,6 +137,27 @@ def _cell(s: str, width: int) -> str:
 
 def _pct(ratio: float | None, digits: int = 1) -> str:
     return "-" if ratio is None else f"{ratio * 100:.{digits}f}%"
+
+
+def _rate(per_second: float | None) -> str:
+    """At most 6 characters below a million per second."""
+    if per_second is None:
+        return "-"
+    return f"{per_second:.1f}" if per_second < 1000 else f"{per_second:.0f}"
+
+
+def _short(seconds: float | None) -> str:
+    """A duration in at most 6 characters (3 or 4 significant digits), for narrow columns."""
+    if seconds is None or seconds < 1e-3:
+        return _dur(seconds)  # "999µs"
+    ms = seconds * 1e3
+    if ms < 99.95:
+        return f"{ms:.1f}ms"
+    if ms < 999.5:
+        return f"{ms:.0f}ms"
+    if seconds < 9.995:
+        return f"{seconds:.2f}s"
+    return f"{seconds:.1f}s" if seconds < 99.95 else f"{seconds:.0f}s"
 
 
 def _dur(seconds: float | None) -> str:

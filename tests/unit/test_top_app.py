@@ -45,6 +45,32 @@ class Agent:
         return self.pages.pop(0) if len(self.pages) > 1 else self.pages[0]
 
 
+def genai_counters(tokens_in: int, tokens_out: int, slow_tail: dict[str, float]) -> str:
+    """The page lines of the token and slow-tail counters of the fixtures' one model."""
+    labels = 'model="sitsprobe-tiny-gpt",process="python"'
+    return "\n".join([
+        "# TYPE gen_ai_server_tokens counter",
+        f'gen_ai_server_tokens_total{{{labels},type="input"}} {tokens_in}',
+        f'gen_ai_server_tokens_total{{{labels},type="output"}} {tokens_out}',
+        "# TYPE sitsprobe_gen_ai_slow_tail_segment_seconds counter",
+        *(f'sitsprobe_gen_ai_slow_tail_segment_seconds_total{{{labels},segment="{segment}"}} {seconds}'
+          for segment, seconds in slow_tail.items()), ""])
+
+
+def with_genai_counters(agent: Agent) -> Agent:
+    """The fixture scrapes predate the agent's token and slow-tail counters; add
+    them as the demo would have: 148 then 168 requests of 29 tokens in and 12 out
+    (the interval's mean ttft 16 ms + 11 tokens of 2.1 ms ~ its mean duration,
+    40 ms), and in the interval one slow request of 74.5 ms (the model's p99)."""
+    before = {"network": 0.0061, "scheduling": 0.0172, "compute": 0.1105, "io": 0.0040, "cache": 0.0009}
+    slow = {"network": 0.0034, "scheduling": 0.0095, "compute": 0.0589, "io": 0.0022, "cache": 0.0005}
+    after = {segment: before[segment] + slow[segment] for segment in before}
+    first, *rest = agent.pages
+    agent.pages = [first + genai_counters(148 * 29, 148 * 12, before),
+                   *(page + genai_counters(168 * 29, 168 * 12, after) for page in rest)]
+    return agent
+
+
 def clock():
     ticks = itertools.count()
     return lambda: T0 + 2.0 * next(ticks)  # scrapes 2 s apart, as the fixture pages were
@@ -93,9 +119,10 @@ def screen(agent: Agent) -> tuple[str, str]:
 
 
 def test_app_shows_the_rows_of_the_interval():
-    status, body = screen(Agent("metrics1.txt", "metrics2.txt"))
+    status, body = screen(with_genai_counters(Agent("metrics1.txt", "metrics2.txt")))
     assert "python[21859]                    10.5    0.0%    38.2ms    70.0ms" in body
-    assert "python sitsprobe-tiny-gpt    14.7ms    19.9ms     5.0ms       100.0%       98.8%" in body
+    assert "\npython  prefix cache 100.0% hits, 98.8% since start\n" \
+           "  sitsprobe-tiny-gpt   10.0  120.0 14.7ms 19.9ms   5.0ms  9.9ms  compute 79%\n" in body
     assert "batches: 1.17 requests per step, 94.0 steps/s" in body
     assert body.endswith("\nprefix                           10.5    0.0%  -")
     assert "GPU" not in body  # none on the page
@@ -123,6 +150,7 @@ def test_p_pauses_and_resumes():
         assert "PAUSED" not in shown(app, "status")
         await app.scrape()
         assert "python[21859]                     0.0       -         -         -" in shown(app, "body")
+        assert "  sitsprobe-tiny-gpt    0.0      -      -      -       -      -  -" in shown(app, "body")
 
     drive(Agent("metrics1.txt", "metrics2.txt"), steps)
 
@@ -168,10 +196,17 @@ def test_the_timer_scrapes_on_its_own_and_q_quits():
 
 
 def test_labels_are_escaped():
-    agent = Agent("metrics1.txt")
-    bracketed = (FIX / "metrics2.txt").read_text().replace('process="python"', 'process="[bold]py"')
-    agent.pages.append(bracketed)
-    assert "[bold]py[21859]" in screen(agent)[1]  # escaped: not eaten as markup
+    agent = with_genai_counters(Agent("metrics1.txt", "metrics2.txt"))
+    agent.pages = [p.replace('process="python"', 'process="[bold]py"')
+                   .replace('model="sitsprobe-tiny-gpt"', 'model="[i]x"') for p in agent.pages]
+    body = screen(agent)[1]  # escaped: not eaten as markup
+    assert "[bold]py[21859]" in body
+    assert "\n[bold]py  prefix cache 100.0% hits" in body and "\n  [i]x    " in body
+
+
+def test_no_genai_requests_yet():
+    body = render.plain(render.body(diff(parse("", 0.0), parse("", 2.0), 2.0), "req/s"))
+    assert "GenAI by model" in body and "\nno GenAI requests seen yet" in body
 
 
 def test_source_falls_back_on_bad_alerts_and_reports_bad_pages():
@@ -203,7 +238,8 @@ def test_a_clock_that_steps_back_restarts_the_diff():
 
 def once_text() -> str:
     sleeps = []
-    text = once(source(Agent("metrics1.txt", "metrics_gpu.txt", alerts="alerts.json")), 2.0, sleeps.append)
+    agent = with_genai_counters(Agent("metrics1.txt", "metrics_gpu.txt", alerts="alerts.json"))
+    text = once(source(agent), 2.0, sleeps.append)
     assert sleeps == [2.0]
     return text
 
@@ -225,7 +261,8 @@ def test_docs_pictures_are_current():
             await pilot.pause()
             app.save_screenshot("top.svg", str(DOCS))
 
-        drive(Agent("metrics1.txt", "metrics_gpu.txt", alerts="alerts.json"), shoot, size=(80, 24))
+        drive(with_genai_counters(Agent("metrics1.txt", "metrics_gpu.txt", alerts="alerts.json")), shoot,
+              size=(80, 24))
     assert (DOCS / "top.txt").read_text() == text
     assert "ALERT GPU 0 cpu_bound" in (DOCS / "top.svg").read_text().replace("&#160;", " ")
 
@@ -248,3 +285,19 @@ def test_lost_events_server_errors_and_cache_misses_are_shown():
         "[worker][7]                      10.0   25.0%         -         -"
     assert render.plain(body).endswith(
         "\nredis                            27.5   45.5%  session:             7.5/s")
+
+
+def test_engine_rows_under_their_process_in_80_columns():
+    from .test_top_model import GENAI_AFTER, GENAI_BEFORE, GENAI_PAGE, genai_view
+    assert render.plain(render._engine(genai_view())).splitlines()[1:] == [
+        "python  prefix cache 75.0% hits, 90.0% since start",
+        "  tiny                    -      - 50.0ms 99.0ms       -      -  -",
+        "vllm",  # no prefix look-ups
+        "  [org]/7b             15.0   1000      -      -       -      -  scheduling 75%"]
+    busiest = {**GENAI_AFTER, "requests": 400100, "output": 5000 + 3999996, "sched": 11.0, "network": 1.0,
+               "compute": 4.0}
+    page = GENAI_PAGE.replace("[org]/7b", "meta-llama/Llama-3.1-70B-Instruct")
+    v = diff(parse(page.format(**GENAI_BEFORE), 0.0), parse(page.format(**busiest), 4.0), 4.0)
+    lines = render.plain(render._engine(v)).splitlines()
+    assert lines[-1] == "  meta-llama/Llama-3 100000 999999      -      -       -      -  scheduling 100%"
+    assert max(len(line) for line in lines) == 80

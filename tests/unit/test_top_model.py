@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from sitsprobe.top.model import AlertRow, HttpRow, diff, parse, parse_alerts, quantile, sort_http
+from sitsprobe.top.model import (
+    AlertRow,
+    EngineRow,
+    HttpRow,
+    PrefixCacheRow,
+    diff,
+    parse,
+    parse_alerts,
+    quantile,
+    sort_http,
+)
 
 FIX = Path(__file__).parent / "fixtures" / "top"
 
@@ -62,15 +72,87 @@ def test_http_latency_comes_from_the_buckets_of_the_interval_only(view):
     assert row.p99 == pytest.approx(0.05 + 0.025 * (19.8 - 19) / (20 - 19))
 
 
-def test_engine_row_from_token_histograms_and_prefix_cache(view):
+def test_engine_row_from_the_genai_histograms(view):
     (row,) = view.engine
     assert (row.process, row.model) == ("python", "sitsprobe-tiny-gpt")
+    assert row.rate == (168 - 148) / 2  # requests: the duration histogram's count
     # ttft deltas: (0.005]: 1-1=0, (0.01]: 21-20=1, (0.02]: 153-133=20, total 20
     assert row.ttft_p50 == pytest.approx(0.01 + 0.01 * (10 - 1) / (20 - 1))
     assert row.ttft_p99 == pytest.approx(0.01 + 0.01 * (19.8 - 1) / (20 - 1))
     assert row.tpot_p50 == pytest.approx(0.01 * 10 / 20)  # all 20 in (0, 0.01]
-    assert row.prefix_hits == 1.0  # 166-146=20 hits, 2-2=0 misses
-    assert row.prefix_hits_total == pytest.approx(166 / 168)
+    assert row.tpot_p99 == pytest.approx(0.01 * 19.8 / 20)
+    # the fixture scrapes predate the token and slow-tail counters
+    assert (row.output_tokens_rate, row.slow_segment, row.slow_share) == (None, None, None)
+
+
+def test_prefix_cache_by_process(view):
+    # 166-146=20 hits, 2-2=0 misses; since start from the agent's gauge
+    assert view.prefix_caches == [PrefixCacheRow("python", 1.0, pytest.approx(166 / 168))]
+
+
+GENAI_PAGE = """\
+# TYPE gen_ai_server_request_duration_seconds histogram
+gen_ai_server_request_duration_seconds_bucket{{le="1.0",model="[org]/7b",process="vllm"}} {fast}
+gen_ai_server_request_duration_seconds_bucket{{le="+Inf",model="[org]/7b",process="vllm"}} {requests}
+gen_ai_server_request_duration_seconds_count{{model="[org]/7b",process="vllm"}} {requests}
+gen_ai_server_request_duration_seconds_sum{{model="[org]/7b",process="vllm"}} 1.0
+# TYPE gen_ai_server_tokens counter
+gen_ai_server_tokens_total{{model="[org]/7b",process="vllm",type="input"}} {input}
+gen_ai_server_tokens_total{{model="[org]/7b",process="vllm",type="output"}} {output}
+# TYPE sitsprobe_gen_ai_slow_tail_segment_seconds counter
+sitsprobe_gen_ai_slow_tail_segment_seconds_total{{model="[org]/7b",process="vllm",segment="network"}} {network}
+sitsprobe_gen_ai_slow_tail_segment_seconds_total{{model="[org]/7b",process="vllm",segment="scheduling"}} {sched}
+sitsprobe_gen_ai_slow_tail_segment_seconds_total{{model="[org]/7b",process="vllm",segment="compute"}} {compute}
+sitsprobe_gen_ai_slow_tail_segment_seconds_total{{model="[org]/7b",process="vllm",segment="io"}} 0
+sitsprobe_gen_ai_slow_tail_segment_seconds_total{{model="tiny",process="python",segment="compute"}} 2.5
+# TYPE gen_ai_server_time_to_first_token_seconds histogram
+gen_ai_server_time_to_first_token_seconds_bucket{{le="0.1",model="tiny",process="python"}} {ttft_fast}
+gen_ai_server_time_to_first_token_seconds_bucket{{le="+Inf",model="tiny",process="python"}} {ttft}
+gen_ai_server_time_to_first_token_seconds_count{{model="tiny",process="python"}} {ttft}
+gen_ai_server_time_to_first_token_seconds_sum{{model="tiny",process="python"}} 1.0
+# TYPE sitsprobe_engine_cache_lookups counter
+sitsprobe_engine_cache_lookups_total{{cache="prefix",process="python",result="hit"}} {hits}
+sitsprobe_engine_cache_lookups_total{{cache="prefix",process="python",result="miss"}} {misses}
+sitsprobe_engine_cache_lookups_total{{cache="completion",process="vllm",result="hit"}} {hits}
+# TYPE sitsprobe_engine_cache_hit_ratio gauge
+sitsprobe_engine_cache_hit_ratio{{cache="prefix",process="python"}} 0.9
+sitsprobe_engine_cache_hit_ratio{{cache="completion",process="vllm"}} 1.0
+"""
+GENAI_BEFORE = {"fast": 90, "requests": 100, "input": 20000, "output": 5000, "network": 1.0, "sched": 2.0,
+                "compute": 4.0, "ttft_fast": 40, "ttft": 40, "hits": 10, "misses": 0}
+GENAI_AFTER = {"fast": 150, "requests": 160, "input": 40000, "output": 9000, "network": 1.5, "sched": 5.0,
+               "compute": 4.5, "ttft_fast": 50, "ttft": 50, "hits": 16, "misses": 2}
+
+
+def genai_view(before=GENAI_BEFORE, after=GENAI_AFTER):
+    return diff(parse(GENAI_PAGE.format(**before), 0.0), parse(GENAI_PAGE.format(**after), 4.0), 4.0)
+
+
+def test_engine_rows_are_every_model_any_genai_series_names():
+    tiny, vllm = genai_view().engine  # by process, then model
+    assert vllm == EngineRow("vllm", "[org]/7b", rate=60 / 4,
+                             output_tokens_rate=4000 / 4,  # type="input" is not counted
+                             ttft_p50=None, ttft_p99=None, tpot_p50=None, tpot_p99=None,  # no token timings
+                             # slow tail +0.5 network, +3.0 scheduling, +0.5 compute, +0 io
+                             slow_segment="scheduling", slow_share=3.0 / 4.0)
+    assert (tiny.process, tiny.model, tiny.rate, tiny.output_tokens_rate) == ("python", "tiny", None, None)
+    assert tiny.ttft_p50 == pytest.approx(0.1 * 5 / 10)  # 10 in the interval, all in (0, 0.1]
+    assert (tiny.slow_segment, tiny.slow_share) == (None, None)  # its slow tail did not grow: "-"
+
+
+def test_prefix_cache_lines_are_for_prefix_lookups_only():
+    # python: +6 hits, +2 misses; vllm's completion cache is no prefix cache
+    assert genai_view().prefix_caches == [PrefixCacheRow("python", 6 / 8, 0.9)]
+    quiet = genai_view(after={**GENAI_AFTER, "hits": 10, "misses": 0})
+    assert quiet.prefix_caches == [PrefixCacheRow("python", None, 0.9)]  # no look-ups in the interval
+
+
+def test_a_slow_tail_counter_that_went_down_counts_from_zero():
+    after = {**GENAI_AFTER, "network": 0.2, "sched": 0.1, "compute": 0.7, "requests": 5, "fast": 5,
+             "output": 100}
+    vllm = next(r for r in genai_view(after=after).engine if r.process == "vllm")  # the agent restarted
+    assert (vllm.slow_segment, vllm.slow_share) == ("compute", pytest.approx(0.7 / 1.0))
+    assert (vllm.rate, vllm.output_tokens_rate) == (5 / 4, 100 / 4)
 
 
 def test_batch_mean_and_step_rate(view):
