@@ -45,6 +45,7 @@ struct scan_buf {
     __u8 b[SCAN_CHUNK + 16];
 };
 BPF_PERCPU_ARRAY(scan_bufs, struct scan_buf, 1);
+BPF_PROG_ARRAY(scan_prog, 2); /* tail calls: 0 scan_head, 1 send_beat */
 BPF_RINGBUF_OUTPUT(exchanges, RINGBUF_PAGES);
 BPF_RINGBUF_OUTPUT(notices, 64);
 
@@ -197,30 +198,90 @@ static __always_inline void start_body(struct conn *c, __u64 key, int whole)
         c->flags |= CF_BODY_NEXT;
 }
 
-/* A response write of a POST exchange: when, how big, its first bytes. */
+/* A response write of a POST exchange: when, how big, its first bytes. Sent
+ * by `send_beat`, tail-called once the syscall's exit is done: counting a
+ * long write's lines is a loop the exit program has no room for. */
+struct beat_state {
+    struct beat b; /* all but peek and peek_len */
+    __u64 buf;
+    __u64 n;      /* bytes of buf written; 0: no beat pending */
+    __u64 window; /* the last bytes counted, newest lowest */
+};
+BPF_PERCPU_ARRAY(beat_states, struct beat_state, 1);
+
 static __always_inline void beat(struct conn *c, struct body *b, struct args *a, __u64 buf,
                                  __u64 len, long ret)
 {
-    if (++b->writes > MAX_WRITES)
+    int zero = 0;
+    struct beat_state *st = beat_states.lookup(&zero);
+    if (++b->writes > MAX_WRITES || !st)
         return;
+    st->b.tgid = c->tgid;
+    st->b.fd = c->fd;
+    st->b.start_ns = c->start_ns;
+    st->b.ts_ns = a->enter_ns;
+    st->b.size = ret;
+    st->b.pipeline = c->pipeline;
+    st->b.data_lines = st->b.json_lines = st->b.scanned = 0;
+    st->window = '\n'; /* the write begins a line */
+    st->buf = buf;
+    st->n = ret < len ? ret : len;
+}
+
+/* Count the event lines of the next SCAN_CHUNK bytes of a write longer than
+ * its peek; 1 while more are to be counted. The verifier follows a loop only
+ * so far: one chunk per run of send_beat, which tail-calls itself. */
+#define DATA_LINE 0x0a646174613aULL /* "\ndata:" */
+static __always_inline int count_chunk(struct beat_state *st)
+{
+    int zero = 0;
+    struct scan_buf *s = scan_bufs.lookup(&zero);
+    __u64 off = st->b.scanned;
+    if (!s || !st->buf || st->n <= PEEK_CAP || off >= st->n || off >= WRITE_SCAN)
+        return 0;
+    __u64 want = st->n - off;
+    if (want > SCAN_CHUNK)
+        want = SCAN_CHUNK;
+    if (bpf_probe_read_user(s->b, want, (void *)(st->buf + off)))
+        return 0;
+    __u64 w = st->window;
+    __u32 data = 0, json = 0;
+    for (int i = 0; i < SCAN_CHUNK; i++) {
+        if (i >= want)
+            break;
+        w = (w << 8) | s->b[i];
+        data += (w & 0xffffffffffffULL) == DATA_LINE;
+        json += (w & 0xffff) == 0x7d0a; /* "}\n" */
+    }
+    st->window = w;
+    st->b.data_lines += data;
+    st->b.json_lines += json;
+    st->b.scanned += want;
+    return st->b.scanned < st->n && st->b.scanned < WRITE_SCAN;
+}
+
+int send_beat(void *ctx)
+{
+    int zero = 0;
+    struct beat_state *st = beat_states.lookup(&zero);
+    if (!st || !st->n)
+        return 0;
+    if (count_chunk(st))
+        scan_prog.call(ctx, 1); /* the next chunk; if the call failed, send what is counted */
+    __u64 n = st->n, buf = st->buf;
+    st->n = 0;
     struct beat *e = exchanges.ringbuf_reserve(sizeof(struct beat));
     if (!e) {
         count(C_WRITES_LOST);
-        return;
+        return 0;
     }
-    e->tgid = c->tgid;
-    e->fd = c->fd;
-    e->start_ns = c->start_ns;
-    e->ts_ns = a->enter_ns;
-    e->size = ret;
-    e->pipeline = c->pipeline;
-    __u64 n = ret < len ? ret : len;
-    if (n > PEEK_CAP)
-        n = PEEK_CAP;
+    bpf_probe_read_kernel(e, sizeof(struct beat), &st->b);
+    __u64 peek = n > PEEK_CAP ? PEEK_CAP : n;
     e->peek_len = 0;
-    if (buf && n && bpf_probe_read_user(e->peek, n, (void *)buf) == 0)
-        e->peek_len = n;
+    if (buf && peek && bpf_probe_read_user(e->peek, peek, (void *)buf) == 0)
+        e->peek_len = peek;
     exchanges.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    return 0;
 }
 
 /* Parse "HTTP/1.x NNN" at the start of b; 0 when it is not a status line. */
@@ -301,7 +362,6 @@ struct scan_state {
     __u64 len; /* bytes the read returned */
 };
 BPF_PERCPU_ARRAY(scan_states, struct scan_state, 1);
-BPF_PROG_ARRAY(scan_prog, 1);
 
 /* One chunk; 1 when the search is over (the head ended, both found). */
 static __always_inline int scan_chunk(struct conn *c, struct scan_buf *s, struct scan_state *st)
@@ -557,6 +617,12 @@ out:
     if (st && st->n) {
         scan_prog.call(ctx, 0); /* does not return unless it failed */
         st->n = 0;
+    }
+    struct beat_state *bs = GENAI ? beat_states.lookup(&zero) : NULL;
+    if (bs && bs->n) {
+        scan_prog.call(ctx, 1); /* send_beat */
+        bs->n = 0;
+        count(C_WRITES_LOST);
     }
     return 0;
 }

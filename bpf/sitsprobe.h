@@ -70,6 +70,7 @@
 #define SCAN_CHUNK 256     /* HEAD_SCAN is searched this many bytes at a time */
 #define TP_CAP 64          /* bytes kept after "traceparent:" (the value is 55) */
 #define TS_CAP 128         /* bytes kept after "tracestate:" */
+#define WRITE_SCAN 4096    /* bytes of a response write to a POST whose event lines are counted */
 
 /* struct conn.state */
 enum conn_state {
@@ -177,6 +178,9 @@ struct beat {
     __u32 size;     /* bytes it sent */
     __u16 pipeline;
     __u16 peek_len;
+    __u32 data_lines; /* in the first `scanned` bytes of a write longer than its peek: lines */
+    __u32 json_lines; /* that begin "data:" (SSE events) and lines that end "}" (NDJSON) */
+    __u32 scanned;
     __u8 peek[PEEK_CAP];
 };
 

@@ -74,7 +74,10 @@ class Write:
 
     ts_ns: int  # when the send began
     size: int  # bytes the call sent
-    peek: bytes  # its first bytes (capture.genai.write_peek_bytes at most)
+    peek: bytes  # its first bytes (capture.write_peek_bytes at most)
+    data_lines: int = 0  # in a write longer than its peek, the kernel counted lines that begin
+    json_lines: int = 0  # "data:" (SSE events) and that end "}" (NDJSON objects) ...
+    scanned: int = 0  # ... in its first `scanned` bytes (0: not counted, the peek is all of it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,23 +176,26 @@ class Request(NamedTuple):
     last_in_ns: int = 0  # last request byte received (0: not known)
     send_ns: int = 0  # time spent inside the response's send calls
     runq_ns: int = 0  # run-queue wait of the process's threads meanwhile (shared by concurrent requests)
+    segments: tuple[int, int, int, int, int] | None = None  # ns in network, scheduling, compute,
+    # io, cache (sitsprobe.stitch.segments): they add up to the duration
 
     @property
     def ttft_ns(self) -> int | None:
-        """Time to first token: first request byte in to the end of prefill."""
-        t = self.inference.first_token_ns() if self.inference else None
+        """Time to first token: first request byte in to the first token (the end
+        of prefill by the markers, else the first content-bearing write)."""
+        t = self.genai.first_token_ns if self.genai else None
         return None if t is None else max(0, t - self.start_ns)
 
     @property
     def tpot_ns(self) -> float | None:
         """Time per output token after the first."""
-        inf = self.inference
-        if inf is None or inf.output_tokens < 2:
+        g = self.genai
+        if g is None or g.output_tokens is None or g.output_tokens < 2:
             return None
-        first, last = inf.first_token_ns(), inf.last_decode_ns()
+        first, last = g.first_token_ns, g.last_token_ns
         if first is None or last is None or last <= first:
             return None
-        return (last - first) / (inf.output_tokens - 1)
+        return (last - first) / (g.output_tokens - 1)
 
     @property
     def duration_ns(self) -> int:

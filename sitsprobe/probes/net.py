@@ -143,7 +143,8 @@ class PayloadDecoder:
                                  "req_tail", "resp_tail")
         beat = Layout(beat_type)
         self.beat_size = beat.struct.size
-        self._beat = beat.subset("tgid", "fd", "start_ns", "ts_ns", "size", "pipeline", "peek_len", "peek")
+        self._beat = beat.subset("tgid", "fd", "start_ns", "ts_ns", "size", "pipeline", "peek_len",
+                                 "data_lines", "json_lines", "scanned", "peek")
 
     def payload(self, buf: bytes) -> Payload:
         """The `struct body` at the end of a conn_body record."""
@@ -154,8 +155,9 @@ class PayloadDecoder:
                        response_tail=_tail(resp_tail, resp_pos, cap), writes_total=writes)
 
     def beat(self, buf: bytes) -> Beat:
-        tgid, fd, start_ns, ts_ns, size, pipeline, peek_len, peek = self._beat.unpack_from(buf)
-        return Beat((tgid, fd, start_ns, pipeline), Write(ts_ns, size, peek[:peek_len]))
+        tgid, fd, start_ns, ts_ns, size, pipeline, peek_len, data, json, scanned, peek = \
+            self._beat.unpack_from(buf)
+        return Beat((tgid, fd, start_ns, pipeline), Write(ts_ns, size, peek[:peek_len], data, json, scanned))
 
 
 class NetProbe:
@@ -168,8 +170,8 @@ class NetProbe:
         from bcc import BPF  # the probes layer is the only one that imports bcc
 
         self._bpf = BPF(src_file=str(bpf_dir() / "net.c").encode(), cflags=flags)
-        scan = self._bpf.load_func(b"scan_head", BPF.TRACEPOINT)  # tail-called, never attached
-        self._bpf[b"scan_prog"][ct.c_int(0)] = ct.c_int(scan.fd)
+        for i, name in enumerate((b"scan_head", b"send_beat")):  # tail-called, never attached
+            self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(self._bpf.load_func(name, BPF.TRACEPOINT).fd)
         self._conns = self._bpf["conns"]
         self._tracked = self._bpf["tracked"]
         self._conn_type = self._conns.Leaf

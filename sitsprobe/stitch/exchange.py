@@ -22,8 +22,12 @@ from .protocols import http1, protocol_of
 
 
 class Stitcher:
-    def __init__(self, routes: RouteMapper, max_remembered: int = 65536, max_writes: int = 1 << 20):
+    def __init__(self, routes: RouteMapper, max_remembered: int = 65536, max_writes: int = 1 << 20,
+                 writes_per_exchange: int = 4096):
+        """writes_per_exchange: capture.max_writes, the writes the kernel
+        reports one by one of each exchange."""
         self._routes = routes
+        self._per_exchange = writes_per_exchange
         self._reported: OrderedDict[tuple[int, int, int, int], None] = OrderedDict()
         self._max_remembered = max_remembered
         self._writes: dict[tuple[int, int, int, int], list[Write]] = {}
@@ -63,8 +67,13 @@ class Stitcher:
         return self.requests(self._joined(ex))
 
     def due(self, ex: Exchange) -> bool:
-        """Whether an open exchange's framing says its response has ended."""
-        return ex.key not in self._reported and protocol_of(ex).complete(ex)
+        """Whether an open exchange's framing says its response has ended,
+        and the events of all its writes are in hand (the last may still be
+        on its way when the connection's entry already shows the end)."""
+        if ex.key in self._reported or not protocol_of(ex).complete(ex):
+            return False
+        p = ex.payload
+        return p is None or len(self._writes.get(ex.key, ())) >= min(p.writes_total, self._per_exchange)
 
     def on_flush(self, ex: Exchange, final: bool = False) -> list[Request]:
         """An open exchange userspace reports itself: one that is `due`, or,

@@ -50,6 +50,7 @@ from sitsprobe.probes import cuda as cuda_probe
 from sitsprobe.probes import markers as marker_probe
 from sitsprobe.probes import net as net_probe
 from sitsprobe.request import CacheLookup, Endpoint, Inference, Request, Stage
+from sitsprobe.stitch.genai import from_markers
 from tests.otlp_receiver import attributes
 
 COLLECTORS = Path(__file__).resolve().parents[2] / "collectors"
@@ -131,7 +132,8 @@ def inference_request(start_ns: int, **kw) -> Request:
         status=200, inference=inf,
         head=b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nUser-Agent: loadgen/1\r\n\r\n")
     fields.update(kw)
-    return Request(**fields)
+    r = Request(**fields)
+    return r._replace(genai=from_markers(r))  # as the stitcher joins them
 
 
 def collapse_detector() -> CollapseDetector:

@@ -9,6 +9,7 @@ from sitsprobe.export.otlp import TraceExporter
 from sitsprobe.export.prom import RequestMetrics
 from sitsprobe.request import GpuUse, Request
 from sitsprobe.stitch.engine import EngineJoin
+from sitsprobe.stitch.genai import from_markers
 
 PID, FD = 4242, 9
 
@@ -20,6 +21,11 @@ def m(kind, ts, **kw):
 def request(start, end, fd=FD, path="/v1/completions"):
     return Request(pid=PID, comm="engine", fd=fd, start_ns=start, end_ns=end, first_out_ns=end - 10,
                    bytes_in=100, bytes_out=200, method="POST", path=path, route=path, status=200)
+
+
+def with_genai(rs: list[Request]) -> list[Request]:
+    """Joined requests with what their markers say as GenAI, as the stitcher makes them."""
+    return [r._replace(genai=from_markers(r)) for r in rs]
 
 
 def two_requests_in_one_batch(j: EngineJoin):
@@ -40,8 +46,8 @@ def two_requests_in_one_batch(j: EngineJoin):
 def test_a_batched_step_appears_under_every_request_it_served():
     j = EngineJoin()
     two_requests_in_one_batch(j)
-    [r1] = j.on_request(request(900, 5000), now_ns=5000)
-    [r2] = j.on_request(request(950, 5000, fd=FD + 1), now_ns=5000)
+    [r1] = with_genai(j.on_request(request(900, 5000), now_ns=5000))
+    [r2] = with_genai(j.on_request(request(950, 5000, fd=FD + 1), now_ns=5000))
     for r in (r1, r2):
         names = [s.name for s in r.inference.stages]
         assert names == ["prefill", "decode", "decode"]
@@ -90,7 +96,7 @@ def exported(tmp_path, r: Request) -> tuple[dict, list[dict]]:
 def test_stage_spans_and_gen_ai_attributes_are_exported(tmp_path):
     j = EngineJoin()
     two_requests_in_one_batch(j)
-    [r1] = j.on_request(request(900, 5000), now_ns=5000)
+    [r1] = with_genai(j.on_request(request(900, 5000), now_ns=5000))
     server, children = exported(tmp_path, r1)
     assert sorted(s["name"] for s in children) == ["cache_get prefix", "decode", "decode", "prefill"]
     assert server["attrs"]["gen_ai.request.model"] == "tiny"
@@ -120,7 +126,7 @@ def test_gen_ai_metrics():
     two_requests_in_one_batch(j)
     metrics = RequestMetrics()
     for fd, start in ((FD, 900), (FD + 1, 950)):
-        for r in j.on_request(request(start, 5000, fd=fd), now_ns=5000):
+        for r in with_genai(j.on_request(request(start, 5000, fd=fd), now_ns=5000)):
             metrics.observe(r)
     metrics.observe_batches(j.batch_sizes)
     fams = {f.name: f for f in metrics.collect()}

@@ -1,0 +1,445 @@
+"""GenAI meaning read from the wire: a request's model, limits and usage, its
+answer stream's timing, from the payload bytes the kernel kept
+(:class:`~sitsprobe.request.Payload`), whatever server the agent watches.
+
+Endpoints are matched by path suffix (:mod:`.genai_shapes`). The provider
+(``gen_ai.provider.name``) is the API the bytes speak, not the engine behind
+it: ``openai`` (a well-known OpenTelemetry value) for the OpenAI shape,
+whether vLLM, SGLang, llama.cpp or Ollama serves it; lower-case custom values
+for the native APIs: ``huggingface.tgi`` (vendor.product, as the well-known
+``aws.bedrock``), ``ollama`` and ``llama.cpp``.
+
+Any piece may be cut. The request is parsed when its pieces join up to its
+Content-Length, else read by keys (:func:`.genai_shapes.scan`). The response
+is its head (past any ``100 Continue``), then each write's first bytes,
+dechunked; a write seen in part leaves a gap, after which a write starts an
+event if it looks like one. Where the bytes leave a choice:
+
+* an event counts when its start was seen, at the time of the write it
+  begins in; one seen in part bears content when a non-empty output field
+  has begun in what is visible (``"content":"x``). ``events_approximate``:
+  some write was not seen whole, or at all; the counts are a floor then, and
+  ``answer_empty`` is not claimed (it is False for a non-stream response);
+* the response's tail (its last bytes) gives usage, finish reasons and the
+  model the writes did not, never events: the writes counted those;
+* usage: the body's own (or TGI's ``x-prompt-tokens``/``x-generated-tokens``
+  headers) is ``body``; a stream's usage chunk or final object,
+  ``stream_usage``; with neither, a stream's content events are its output
+  tokens (``counted_events``);
+* ``error_type`` comes from an error body (:func:`.genai_shapes.error_of`) or
+  an error event in a stream; a 4xx/5xx whose body does not say (or was not
+  seen) has its status code; ``answer_empty`` and ``json_valid`` are None then.
+
+:func:`read` never raises on any bytes, and its work is bounded by what the
+kernel kept: each byte is scanned a fixed number of times, a JSON parse is
+capped at ``MAX_JSON`` bytes, events at ``MAX_EVENTS``. No prompt or answer
+text reaches a GenAI record.
+"""
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, replace
+from itertools import pairwise
+
+from ..request import GenAI, Payload, Request, Write
+from . import genai_shapes as shapes
+from .genai_shapes import MAX_NAME, Shape, label, loads
+from .http import ResponseHead, parse_request_heads, parse_response_head
+
+__all__ = ["from_markers", "merge", "read"]
+
+MAX_EVENTS = 1 << 16  # stream events looked at
+
+_SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,16})(?:;[^\r\n]{0,256})?\r?\n")
+_FRAMING = re.compile(rb"\r\n[0-9a-fA-F]{1,16}(?:;[^\r\n]{0,256})?\r\n")
+_SEPARATORS = {"sse": re.compile(rb"\r?\n\r?\n|\r\r"), "ndjson": re.compile(rb"\r?\n")}
+_STARTS = {"sse": re.compile(rb"(?:data|event|id|retry)?:"), "ndjson": re.compile(rb"\s*\{")}
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    ts_ns: int  # the write it came in
+    data: bytes
+    gap: bool  # bytes before it were not seen
+
+
+def read(req: Request) -> GenAI | None:
+    """What ``req`` was as generative AI, from its payload; None unless it is a
+    POST to a known GenAI endpoint with a payload."""
+    shape = shapes.shape_of(req.path)
+    if req.method != "POST" or shape is None or req.payload is None:
+        return None
+    get = _request(req, req.payload)
+    ask = shape.ask(get, (req.path or "").rstrip("/"))
+    g = GenAI(source="wire", operation=shape.operation, provider=shape.provider,
+              request_model=label(get("model"), MAX_NAME), max_tokens=ask.max_tokens,
+              json_requested=ask.json)
+    return _response(req, req.payload, shape, g, ask.stream)
+
+
+def from_markers(req: Request) -> GenAI | None:
+    """The engine's own account of ``req`` (its markers), in the same shape."""
+    inf = req.inference
+    if inf is None:
+        return None
+    shape = shapes.shape_of(req.path)
+    told = bool(inf.input_tokens or inf.output_tokens)  # (0, 0): no usage marker came
+    return GenAI(source="markers", operation=shape.operation if shape else "text_completion",
+                 provider=shape.provider if shape else None,
+                 request_model=label(inf.model, MAX_NAME),
+                 input_tokens=inf.input_tokens if told else None,
+                 output_tokens=inf.output_tokens if told else None,
+                 usage_source="markers" if told else None,
+                 first_token_ns=inf.first_token_ns(), last_token_ns=inf.last_decode_ns())
+
+
+def merge(markers: GenAI | None, wire: GenAI | None) -> GenAI | None:
+    """The markers' numbers where they have them (model, tokens, token times),
+    the wire's for the rest (response model, finish reasons, the stream's
+    shape, errors, the answer's flags)."""
+    if markers is None or wire is None:
+        return markers or wire
+    told = markers.usage_source is not None
+    return replace(
+        wire, source="markers", operation=wire.operation or markers.operation,
+        provider=wire.provider or markers.provider,
+        request_model=markers.request_model or wire.request_model,
+        input_tokens=markers.input_tokens if told else wire.input_tokens,
+        output_tokens=markers.output_tokens if told else wire.output_tokens,
+        usage_source=markers.usage_source if told else wire.usage_source,
+        first_token_ns=_either(markers.first_token_ns, wire.first_token_ns),
+        last_token_ns=_either(markers.last_token_ns, wire.last_token_ns))
+
+
+# -- the request ----------------------------------------------------------------------
+
+def _request(req: Request, p: Payload) -> shapes.Get:
+    """A getter over the request's JSON, whole if its pieces make it whole."""
+    end = req.head.find(b"\r\n\r\n")
+    in_head = req.head[end + 4:] if end >= 0 else b""
+    prefix = in_head if in_head.startswith(p.request_body) else p.request_body
+    heads = parse_request_heads(req.head, limit=1)
+    whole = _join(prefix, p.request_tail, heads[0].content_length if heads else None)
+    return shapes.getter(prefix if whole is None else whole, prefix, p.request_tail)
+
+
+def _join(prefix: bytes, tail: bytes, total: int | None) -> bytes | None:
+    """All ``total`` bytes of something from its first and last ones, if they meet."""
+    if total is None or len(prefix) >= total:
+        return None if total is None else prefix[:total]
+    tail = tail[-total:] if total else b""
+    start = total - len(tail)
+    return prefix[:start] + tail if tail and start <= len(prefix) else None
+
+
+# -- the response ---------------------------------------------------------------------
+
+def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bool) -> GenAI:
+    p = _final_response(p)
+    head = parse_response_head(p.writes[0].peek) if p.writes else None
+    status = head.status if head else req.status
+    pieces, chunks_ended = _body(p, head)
+    kind = _kind(head, pieces, shape, asked_stream, status)
+    if kind == "json":
+        return _whole(req, p, shape, g, head, status, pieces)
+    g, ended = _stream(shape, g, pieces, kind, status)
+    g, unsure = _unseen_events(g, p, pieces, kind, shape)
+    tail = _tail_text(p.response_tail)
+    approximate = p.writes_total > len(p.writes) or unsure
+    sure = not approximate and g.error_type is None and (ended or chunks_ended or b"[DONE]" in tail)
+    empty = False if g.content_events else True if sure else None
+    g = _fill(replace(g, events_approximate=approximate, answer_empty=empty), shape, tail,
+              "stream_usage")
+    if g.usage_source is None and g.events and (g.content_events or not approximate):
+        g = replace(g, output_tokens=g.content_events, usage_source="counted_events")
+    return g
+
+
+def _unseen_events(g: GenAI, p: Payload, pieces: list[_Piece], kind: str,
+                   shape: Shape) -> tuple[GenAI, bool]:
+    """``g`` with the events of writes longer than their peek that the peek
+    did not show, and whether any count is still unsure. The kernel counts
+    the event lines of such a write (SSE: lines that begin ``data:``, one per
+    event of these APIs; NDJSON: lines that end ``}``); those whose start the
+    peek showed are counted already, and a ``[DONE]`` is no event. A server
+    that coalesces tokens under load writes several events at once: they
+    count, at the time of that write, as content, but for the closing ones
+    (a finish reason, the usage) the response's tail shows."""
+    cut = [w for w in p.writes if len(w.peek) < w.size]
+    if not cut:
+        return g, False
+    seen: dict[int, int] = {}  # write time -> events whose start it showed
+    done_seen = False
+    for ts, data in _events(pieces, kind):
+        seen[ts] = seen.get(ts, 0) + 1
+        done_seen = done_seen or data == b"[DONE]"
+    unsure, extra, content, first, last = False, 0, 0, g.first_token_ns, g.last_token_ns
+    closing = _closing_events(p.response_tail, kind, shape)
+    for w in cut:
+        if not w.scanned:
+            unsure = True  # not counted (a write the kernel could not read whole)
+            continue
+        unsure = unsure or w.scanned < w.size
+        hidden = (w.data_lines if kind == "sse" else w.json_lines) - seen.get(w.ts_ns, 0)
+        if kind == "sse" and not done_seen and hidden > 0 and w is cut[-1] \
+                and b"[DONE]" in p.response_tail:
+            hidden -= 1
+        if hidden <= 0:
+            continue
+        extra += hidden
+        after = sum(seen.get(x.ts_ns, 0) for x in p.writes if x.ts_ns > w.ts_ns)
+        tokens = hidden - min(max(0, closing - after), hidden) if w is cut[-1] else hidden
+        if tokens > 0:
+            content += tokens
+            first = w.ts_ns if first is None else first
+            last = w.ts_ns if last is None else max(last, w.ts_ns)
+    if not extra:
+        return g, unsure
+    return replace(g, events=g.events + extra, content_events=g.content_events + content,
+                   first_token_ns=first, last_token_ns=last), unsure
+
+
+def _closing_events(tail: bytes, kind: str, shape: Shape) -> int:
+    """How many events without output end the stream, as its tail shows them."""
+    text = _tail_text(tail)
+    n = 0
+    for _, data in reversed(_events([_Piece(0, text, True)], kind)):
+        if data == b"[DONE]":
+            continue
+        obj = loads(data)
+        if obj is None or shape.look(obj).content:
+            break
+        n += 1
+    return n
+
+
+def _final_response(p: Payload) -> Payload:
+    """``p`` from the final response's head on, past interim 1xx ones (100 Continue)."""
+    writes = p.writes
+    for _ in range(4):
+        head = parse_response_head(writes[0].peek) if writes else None
+        if head is None or head.status >= 200 or head.head_size is None:
+            break
+        w, rest = writes[0], writes[0].peek[head.head_size:]
+        writes = (Write(w.ts_ns, w.size - head.head_size, rest),) * bool(rest) + writes[1:]
+    return replace(p, writes=writes, writes_total=p.writes_total - (len(p.writes) - len(writes)))
+
+
+def _body(p: Payload, head: ResponseHead | None) -> tuple[list[_Piece], bool]:
+    """The body as seen, in pieces, each marked when bytes before it were
+    missed; and whether a chunked body's last chunk was seen."""
+    if not p.writes:
+        return [], False
+    w0 = p.writes[0]
+    known = head is not None and head.head_size is not None
+    segments = [(w0.ts_ns, w0.peek[head.head_size:], max(0, w0.size - len(w0.peek)), False)
+                ] if known else []
+    for i, w in enumerate(p.writes[1:]):
+        segments.append((w.ts_ns, w.peek, max(0, w.size - len(w.peek)), i == 0 and not known))
+    if head is not None and (head.chunked or head.complete):
+        chunked = head.chunked
+    else:  # not told: chunked if the body's first bytes are a chunk size line
+        chunked = _SIZE_LINE.match(next((s[1] for s in segments if s[1]), b"")) is not None
+    if chunked:
+        return _dechunk(segments)
+    out, gap = [], False
+    for ts, data, unseen, missed in segments:
+        gap = gap or missed
+        if data:
+            out.append(_Piece(ts, data, gap))
+            gap = False
+        gap = gap or unseen > 0
+    return out, False
+
+
+def _dechunk(segments) -> tuple[list[_Piece], bool]:
+    """Chunked transfer-coding undone across writes: (ts, visible, unseen
+    after, missed before) each. Unseen bytes inside a chunk's data leave a
+    gap; unseen framing loses the place, found again at a write that starts
+    with a chunk size line. A size that lies costs the body, never more."""
+    out: list[_Piece] = []
+    mode, left, line, gap = "size", 0, b"", False
+    for ts, data, unseen, missed in segments:
+        if missed:
+            mode, gap = "lost", True
+        if mode == "lost":
+            if _SIZE_LINE.match(data) is None:
+                continue
+            mode, line = "size", b""
+        buf, i = [], 0
+        while i < len(data) and mode in ("size", "data"):
+            if mode == "data":
+                take = min(left, len(data) - i)
+                buf.append(data[i:i + take])
+                i, left = i + take, left - take
+                mode = "data" if left else "size"
+                continue
+            nl = data.find(b"\n", i)
+            if nl < 0:
+                line += data[i:]
+                i, mode = len(data), "lost" if len(line) > 300 else mode
+                continue
+            size, line, i = (line + data[i:nl]).strip(b"\r \t"), b"", nl + 1
+            m = _SIZE_LINE.fullmatch(size + b"\n")
+            if size and m is None:
+                mode = "lost"
+            elif size:
+                left = int(m[1], 16)
+                mode = "data" if left else "done"
+        if any(buf):
+            out.append(_Piece(ts, b"".join(buf), gap))
+            gap = False
+        if unseen and mode == "data" and unseen <= left + 2:  # within the chunk and its CRLF
+            mode, left, gap = ("data", left - unseen, True) if unseen <= left else ("size", 0, True)
+        elif unseen and mode != "done":
+            mode = "lost"
+        gap = gap or mode == "lost"
+    return out, mode == "done"
+
+
+def _kind(head, pieces: list[_Piece], shape: Shape, asked_stream: bool, status) -> str:
+    """"sse", "ndjson" or "json": by Content-Type, else by the first bytes and the request."""
+    ctype = head.headers.get("content-type", "").lower() if head else ""
+    if ctype.startswith("text/event-stream"):
+        return "sse"
+    if "ndjson" in ctype:
+        return "ndjson"
+    if ctype or (status or 0) >= 400:
+        return "json"
+    if pieces and pieces[0].data.lstrip().startswith(b"data:"):
+        return "sse"
+    return shape.stream_kind if asked_stream else "json"
+
+
+def _events(pieces: list[_Piece], kind: str) -> list[tuple[int, bytes]]:
+    """(time of the write it begins in, its data) of each event whose start was
+    seen. A run of pieces after a gap starts an event only if it looks like one."""
+    sep, runs = _SEPARATORS[kind], []
+    for piece in pieces:
+        if piece.gap or not runs:
+            runs.append([])
+        runs[-1].append(piece)
+    blocks = []
+    for run in runs:
+        text = b"".join(pc.data for pc in run)
+        starts = [0]
+        for pc in run[:-1]:
+            starts.append(starts[-1] + len(pc.data))
+        pos = 0
+        if run[0].gap and not _STARTS[kind].match(text):
+            m = sep.search(text)
+            pos = m.end() if m else len(text)
+        ends = [m.span() for m in sep.finditer(text, pos)] + [(len(text), len(text))]
+        for start, after in ends:
+            if start > pos and len(blocks) < MAX_EVENTS:
+                blocks.append((run[bisect.bisect_right(starts, pos) - 1].ts_ns, text[pos:start]))
+            pos = max(pos, after)
+    out = []
+    for ts, block in blocks:
+        if kind == "sse":  # the event's data: lines, joined; comments and the like are none
+            lines = [ln[5:].removeprefix(b" ") for ln in block.splitlines()
+                     if ln.startswith(b"data:")]
+            block = b"\n".join(lines) if lines else b""
+        if block.strip():
+            out.append((ts, block.strip()))
+    return out
+
+
+def _stream(shape: Shape, g: GenAI, pieces: list[_Piece], kind: str, status):
+    """``g`` with what the stream's events say, and whether its end was seen."""
+    times, content_at, finish, error = [], [], [], None
+    model = inputs = outputs = None
+    done = False
+    for ts, data in _events(pieces, kind):
+        if data == b"[DONE]":
+            done = True
+            continue
+        times.append(ts)
+        obj = loads(data)
+        if (err := shapes.error_of(obj, status)) is not None:
+            error = error or err
+            continue
+        lk = shape.look(obj) if obj is not None else shape.glimpse(data)
+        if lk.content:
+            content_at.append(len(times) - 1)
+        finish += lk.finish
+        model, done = model or lk.model, done or lk.done
+        if lk.input_tokens is not None or lk.output_tokens is not None:
+            inputs, outputs = lk.input_tokens, lk.output_tokens  # the last count is the final one
+    after = times[content_at[0]:] if content_at else []
+    return replace(
+        g, streaming=True, events=len(times), content_events=len(content_at),
+        first_token_ns=times[content_at[0]] if content_at else None,
+        last_token_ns=times[content_at[-1]] if content_at else None,
+        max_gap_ns=max((b - a for a, b in pairwise(after)), default=None),
+        response_model=label(model, MAX_NAME), finish_reasons=shapes.labels(finish),
+        input_tokens=inputs, output_tokens=outputs, error_type=error,
+        usage_source=None if inputs is None and outputs is None else "stream_usage"), done
+
+
+def _whole(req: Request, p: Payload, shape: Shape, g: GenAI, head, status,
+           pieces: list[_Piece]) -> GenAI:
+    """A non-stream body: parsed when the writes and the tail make the response
+    whole, else read by keys from what was seen of it."""
+    seen = []  # the writes' bytes up to the first one not seen whole
+    for w in p.writes:
+        seen.append(w.peek)
+        if len(w.peek) < w.size:
+            break
+    kept_all = p.writes and p.writes_total <= len(p.writes)
+    total = sum(w.size for w in p.writes) if kept_all else req.bytes_out
+    raw = _join(b"".join(seen), p.response_tail, total)
+    rh = parse_response_head(raw) if raw else None
+    obj = None
+    if rh is not None and rh.head_size:
+        body = raw[rh.head_size:]
+        obj = loads(b"".join(pc.data for pc in _dechunk([(0, body, 0, False)])[0])
+                    if rh.chunked else body)
+    if obj is None:
+        text = b"\n\x00\n".join([pc.data for pc in pieces] + [_tail_text(p.response_tail)])
+        g = _fill(replace(g, error_type=str(status) if (status or 0) >= 400 else None), shape,
+                  text, "body")
+    elif (error := shapes.error_of(obj, status)) is not None or (status or 0) >= 400:
+        return replace(g, error_type=error or str(status))
+    else:
+        lk = shape.look(obj)
+        told = lk.input_tokens is not None or lk.output_tokens is not None
+        valid = all(map(shapes.is_json, lk.texts)) if g.json_requested and lk.texts else None
+        g = replace(g, response_model=label(lk.model, MAX_NAME),
+                    finish_reasons=shapes.labels(lk.finish), input_tokens=lk.input_tokens,
+                    output_tokens=lk.output_tokens, usage_source="body" if told else None,
+                    answer_empty=not lk.content, json_valid=valid)
+    if g.usage_source is None and head is not None:  # the server's own count, in headers (TGI)
+        n_in, n_out = (_number(head.headers.get(k, "")) for k in shape.usage_headers)
+        if n_in is not None or n_out is not None:
+            g = replace(g, input_tokens=n_in, output_tokens=n_out, usage_source="body")
+    return g
+
+
+def _fill(g: GenAI, shape: Shape, text: bytes, source: str) -> GenAI:
+    """Usage, finish reasons and the model, where ``g`` lacks them, from JSON
+    text that does not parse; of several counts the last is the final one."""
+    if g.usage_source is None:
+        n_in, n_out = (shapes.last_count(k, text) for k in (shape.input_keys, shape.output_keys))
+        if n_in is not None or n_out is not None:
+            g = replace(g, input_tokens=n_in, output_tokens=n_out, usage_source=source)
+    more = shape.finishes(text)
+    model = g.response_model or label(shapes.scan(("model",), text), MAX_NAME)
+    return replace(g, finish_reasons=shapes.labels([*g.finish_reasons, *more]),
+                   response_model=model)
+
+
+def _tail_text(tail: bytes) -> bytes:
+    """The response's last bytes without a head (of a short response) and with
+    chunk framing taken out, well enough to find keys in."""
+    h = parse_response_head(tail) if tail.startswith(b"HTTP/1.") else None
+    return _FRAMING.sub(b"", tail[h.head_size:] if h and h.head_size else tail)
+
+
+def _number(v: str) -> int | None:
+    return shapes.count(int(v)) if v.isascii() and v.isdigit() and len(v) <= 18 else None
+
+
+def _either(a, b):
+    return a if a is not None else b
