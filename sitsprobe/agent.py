@@ -23,7 +23,13 @@ from .request import Request
 from .routes import RouteMapper
 from .sampling import TraceSampler
 from .stitch.engine import EngineJoin
+from .export.semconv import span_attributes
+from .report.recent import Recent
+from .report.records import RequestRecord
+from .report.tables import kept_attributes
+from .stitch import genai
 from .stitch.exchange import Stitcher, enrich, exited
+from .stitch.segments import StageSegments, segments
 from .stitch.protocols import resp
 
 log = logging.getLogger("sitsprobe")
@@ -51,8 +57,13 @@ class Agent:
         self.sampler = TraceSampler(config.traces.max_per_second, config.traces.keep_slowest)
         self.stitcher = Stitcher(
             RouteMapper(list(config.routes.templates), config.routes.collapse_ids,
-                        config.routes.max_routes))
+                        config.routes.max_routes), writes_per_exchange=config.capture.max_writes)
         self.engine = EngineJoin(config.engine.join_wait_ms * 1_000_000)
+        self.recent = Recent(config.report.recent_requests) if config.report.recent_requests else None
+        self._report_keep = kept_attributes(config.report.windows)
+        e = config.engine
+        self._stage_segments = StageSegments(e.scheduling_stages, e.io_stages, e.cache_stages,
+                                             e.network_stages)
         self._redact = frozenset(config.capture.redact_headers)
         self._keep_query = frozenset(config.capture.keep_query_params)
         self.tracked: dict[int, str] = {}  # pid -> comm
@@ -113,7 +124,7 @@ class Agent:
             cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
                    max_connections=self.config.stitch.max_connections,
                    ring_buffer_mib=self.config.ring_buffer_mib, tcp_sendmsg=tcp_hook,
-                   genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,
+                   run_queue=self.config.stitch.run_queue, genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,
                    write_peek_bytes=cap.write_peek_bytes, max_writes=cap.max_writes,
                    max_payloads=cap.max_payloads),
             self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat)
@@ -210,9 +221,10 @@ class Agent:
     def _serve_metrics(self, registry: CollectorRegistry) -> None:
         m = self.config.metrics
         try:
-            pages = {"/heatmap.png": ("image/png", self.heatmap_png),
-                     "/heatmap.txt": ("text/plain; charset=utf-8", self.heatmap_text),
-                     "/alerts.json": ("application/json", self.alerts_json)}
+            pages = {"/heatmap.png": ("image/png", lambda _query: self.heatmap_png()),
+                     "/heatmap.txt": ("text/plain; charset=utf-8", lambda _query: self.heatmap_text()),
+                     "/alerts.json": ("application/json", lambda _query: self.alerts_json()),
+                     "/report/requests.json": ("application/json", self.recent_json)}
             self.http = serve(registry, m.address, m.port, lambda: self.ready, pages)
         except OSError as e:
             raise SitsprobeError(f"cannot serve metrics on {m.address}:{m.port}: {e.strerror}; "
@@ -393,8 +405,38 @@ class Agent:
                                                               for c in inf.cache)))
         return r if self.gpu is None else self.gpu.attribute(r)
 
+    def _understood(self, r: Request) -> Request:
+        """What every request gets, traced or not (its metrics need it): its
+        GenAI meaning, from the wire and the markers, and its latency
+        segments. The payload pieces go once read."""
+        if r.payload is not None or r.inference is not None:
+            wire = genai.read(r) if r.payload is not None else None
+            r = r._replace(genai=genai.merge(genai.from_markers(r), wire), payload=None)
+        return r._replace(segments=segments(r, self._stage_segments))
+
+    def recent_json(self, query: dict[str, str]) -> bytes:
+        """/report/requests.json[?window_s=N]: the recent GenAI requests, for `sitsprobe report`."""
+        window = query.get("window_s")
+        try:
+            window_s = None if window is None else float(window)
+        except ValueError:
+            raise ValueError(f"window_s: expected seconds, got {window!r}") from None
+        return self.recent.to_json(window_s)
+
+    def _remember(self, r: Request) -> None:
+        """A GenAI request, for `sitsprobe report --agent`: every one, before
+        sampling, so its P99 is exact. Without a trace of its own yet, its
+        head-sampling draw uses an id made from the request."""
+        trace = r.traceparent.trace_id if r.traceparent is not None else \
+            hash((r.pid, r.fd, r.start_ns)) & ((1 << 128) - 1)
+        self.recent.add(RequestRecord.from_request(r, span_attributes(r), clock=self.clock,
+                                                   trace_id=trace, keep=self._report_keep))
+
     def _release(self, requests: list[Request], now: int) -> None:
         for r in requests:
+            r = self._understood(r)
+            if r.genai is not None and self.recent is not None:
+                self._remember(r)
             self.requests_seen += 1
             self.metrics.observe(r)
             for chosen in self.sampler.offer(r, now):

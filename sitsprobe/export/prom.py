@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
+import urllib.parse
 from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 
@@ -15,6 +16,7 @@ from prometheus_client.exposition import MetricsHandler
 from ..containers import Container
 from ..quantile import histogram_quantile
 from ..request import Request
+from ..stitch.segments import SEGMENTS
 from .semconv import HTTP_DURATION, UNFRAMED_EXCHANGES, is_http, is_unframed
 
 # OpenTelemetry's advice for http.server.request.duration, in seconds
@@ -32,6 +34,10 @@ TPOT_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 
 GENAI_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56,
                           5.12, 10.24, 20.48, 40.96, 81.92)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# a segment may be microseconds (a send) or the whole of a long stream
+SEGMENT_BUCKETS = (0.00001, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+SLOW_REFRESH = 64  # observations between re-reading a model's p99 duration
 
 
 class Histograms:
@@ -47,6 +53,14 @@ class Histograms:
             h = self._series[labels] = [[0] * (len(self.buckets) + 1), 0.0]
         h[0][bisect.bisect_left(self.buckets, value)] += 1
         h[1] += value
+
+    def quantile_of(self, labels: tuple[str, ...], q: float) -> float | None:
+        """Of one series, as histogram_quantile reads it."""
+        h = self._series.get(labels)
+        if h is None:
+            return None
+        cumulative = list(itertools.accumulate(h[0]))
+        return histogram_quantile(q, list(zip((*self.buckets, float("inf")), cumulative)))
 
     def quantile(self, q: float) -> float | None:
         """Over all series, as histogram_quantile (and `top`) reads the buckets."""
@@ -77,6 +91,11 @@ class RequestMetrics:
             ("process", "method", "route", "status"), DURATION_BUCKETS)
         self._bytes: dict[tuple[str, str], list[int]] = {}
         self._unframed: dict[tuple[str, str], int] = {}
+        self._segments = Histograms(
+            "sitsprobe_request_segment_seconds",
+            "Each request's latency by segment (network, scheduling, compute, io, cache): "
+            "one observation per segment per request, adding up to the request's duration",
+            ("process", "segment"), SEGMENT_BUCKETS)
         self._engine = EngineMetrics()
 
     def observe(self, r: Request) -> None:
@@ -87,8 +106,11 @@ class RequestMetrics:
             elif is_unframed(r):
                 key = (r.comm, r.protocol)
                 self._unframed[key] = self._unframed.get(key, 0) + 1
-            if r.inference is not None:
+            if r.genai is not None:
                 self._engine.observe(r)
+            if r.segments is not None:
+                for name, ns in zip(SEGMENTS, r.segments):
+                    self._segments.observe((r.comm, name), ns / 1e9)
             b = self._bytes.get((r.comm, r.protocol))
             if b is None:
                 b = self._bytes[(r.comm, r.protocol)] = [0, 0, 0]
@@ -125,7 +147,7 @@ class RequestMetrics:
                                        "(tls, http2, unknown): never in the HTTP metrics",
                                        labels=("process", "protocol"))
         with self._lock:
-            families = [self._http.family(), *self._engine.families()]
+            families = [self._http.family(), self._segments.family(), *self._engine.families()]
             for (comm, proto), (bin_, bout, n) in self._bytes.items():
                 size_in.add_metric([comm, proto], bin_)
                 size_out.add_metric([comm, proto], bout)
@@ -136,11 +158,15 @@ class RequestMetrics:
 
 
 class EngineMetrics:
-    """GenAI server metrics from requests joined to engine markers."""
+    """GenAI server metrics from requests whose GenAI meaning is known (the
+    wire, the markers), by process and model; and, per model, where the slow
+    tail's time went: the segments of the requests at or above the model's
+    p99 duration (re-read from its histogram every SLOW_REFRESH requests)."""
 
     def __init__(self):
         self.ttft = Histograms("gen_ai_server_time_to_first_token_seconds",
-                               "Time to first token: first request byte in to the end of prefill",
+                               "Time to first token: first request byte in to the first output "
+                               "(the first content event written, or the end of prefill)",
                                ("process", "model"), TTFT_BUCKETS)
         self.tpot = Histograms("gen_ai_server_time_per_output_token_seconds",
                                "Time per output token after the first", ("process", "model"), TPOT_BUCKETS)
@@ -150,17 +176,38 @@ class EngineMetrics:
         self.batch = Histograms("sitsprobe_engine_batch_size", "Requests served per batched step",
                                 (), BATCH_BUCKETS)
         self.cache: dict[tuple[str, str], list[int]] = {}  # (process, cache) -> [hits, misses]
+        self.tokens: dict[tuple[str, str, str], int] = {}  # (process, model, type) -> tokens
+        self.slow: dict[tuple[str, str], list] = {}  # (process, model) -> [p99 s, seen, seconds by segment]
 
     def observe(self, r: Request) -> None:
-        labels = (r.comm, r.inference.model)
-        self.duration.observe(labels, r.duration_ns / 1e9)
+        g = r.genai
+        labels = (r.comm, g.request_model or g.response_model or "")
+        seconds = r.duration_ns / 1e9
+        self.duration.observe(labels, seconds)
         if (ttft := r.ttft_ns) is not None:
             self.ttft.observe(labels, ttft / 1e9)
         if (tpot := r.tpot_ns) is not None:
             self.tpot.observe(labels, tpot / 1e9)
-        for c in r.inference.cache:
+        for kind, n in (("input", g.input_tokens), ("output", g.output_tokens)):
+            if n:
+                key = (*labels, kind)
+                self.tokens[key] = self.tokens.get(key, 0) + n
+        if r.segments is not None:
+            self._slow(labels, seconds, r.segments)
+        for c in r.inference.cache if r.inference is not None else ():
             counts = self.cache.setdefault((r.comm, c.cache), [0, 0])
             counts[0 if c.hit else 1] += 1
+
+    def _slow(self, labels: tuple[str, str], seconds: float, segments: tuple[int, ...]) -> None:
+        slow = self.slow.get(labels)
+        if slow is None:
+            slow = self.slow[labels] = [0.0, 0, [0.0] * len(SEGMENTS)]
+        slow[1] += 1
+        if slow[1] % SLOW_REFRESH == 1:
+            slow[0] = self.duration.quantile_of(labels, 0.99) or 0.0
+        if seconds >= slow[0]:
+            for i, ns in enumerate(segments):
+                slow[2][i] += ns / 1e9
 
     def families(self):
         lookups = CounterMetricFamily("sitsprobe_engine_cache_lookups",
@@ -172,8 +219,20 @@ class EngineMetrics:
             lookups.add_metric([comm, cache, "hit"], hits)
             lookups.add_metric([comm, cache, "miss"], misses)
             ratio.add_metric([comm, cache], hits / (hits + misses))
+        tokens = CounterMetricFamily("gen_ai_server_tokens", "Tokens in and out (type: input, output), "
+                                     "from the usage the server reported, or its stream events counted",
+                                     labels=("process", "model", "type"))
+        for key, n in self.tokens.items():
+            tokens.add_metric(list(key), n)
+        slow = CounterMetricFamily("sitsprobe_gen_ai_slow_tail_segment_seconds",
+                                   "Of requests at or above their model's p99 duration, the seconds "
+                                   "spent in each latency segment: where the slow tail's time goes",
+                                   labels=("process", "model", "segment"))
+        for key, (_, _, by_segment) in self.slow.items():
+            for name, v in zip(SEGMENTS, by_segment):
+                slow.add_metric([*key, name], v)
         return [self.ttft.family(), self.tpot.family(), self.duration.family(), self.batch.family(),
-                lookups, ratio]
+                lookups, ratio, tokens, slow]
 
 
 class KernelMetrics:
@@ -297,21 +356,27 @@ class SignalAccounting:
 
 
 def serve(registry: CollectorRegistry, address: str, port: int, healthy: Callable[[], bool],
-          pages: dict[str, tuple[str, Callable[[], bytes]]] | None = None) -> ThreadingHTTPServer:
+          pages: dict[str, tuple[str, Callable[[dict[str, str]], bytes]]] | None = None) -> ThreadingHTTPServer:
     """/metrics in the Prometheus text format, /healthz 200 once healthy(), and
-    `pages`: path -> (content type, body maker), e.g. the cache heatmaps."""
+    `pages`: path -> (content type, body maker of the query's parameters),
+    e.g. the cache heatmaps. A maker's ValueError is the client's 400."""
     metrics = MetricsHandler.factory(registry)
     pages = dict(pages or {})
 
     class Handler(metrics):
         def do_GET(self):
-            path = self.path.split("?")[0]
+            path, _, query = self.path.partition("?")
             if path == "/healthz":
                 ok = healthy()
                 self._send(200 if ok else 503, "text/plain", b"ok\n" if ok else b"starting\n")
             elif path in pages:
                 kind, make = pages[path]
-                self._send(200, kind, make())
+                try:
+                    body = make(dict(urllib.parse.parse_qsl(query)))
+                except ValueError as e:
+                    self._send(400, "text/plain; charset=utf-8", f"{e}\n".encode())
+                    return
+                self._send(200, kind, body)
             else:
                 super().do_GET()
 

@@ -9,6 +9,7 @@ from opentelemetry.trace import SpanKind
 
 from ..request import Request
 from ..stitch.protocols import UNFRAMED, http1, resp
+from ..stitch.segments import SEGMENTS
 
 # RFC 9110 methods, PATCH and QUERY: the "known" methods of the HTTP conventions.
 KNOWN_METHODS = frozenset(
@@ -16,8 +17,10 @@ KNOWN_METHODS = frozenset(
 )
 HTTP_DURATION = "http_server_request_duration_seconds"  # HTTP requests only
 UNFRAMED_EXCHANGES = "sitsprobe_unframed_exchanges"  # by protocol: what no protocol framed
+# a request's latency segments (stitch.segments), seconds, in SEGMENTS order: they add up to its duration
+LATENCY_ATTRIBUTES = tuple(f"sitsprobe.latency.{name}_s" for name in SEGMENTS)
 
-Attributes = dict[str, str | int | float | bool]
+Attributes = dict[str, str | int | float | bool | tuple[str, ...]]
 
 
 def is_http(req: Request) -> bool:
@@ -66,8 +69,14 @@ def span_attributes(req: Request) -> Attributes:
     else:
         attrs.update({"sitsprobe.protocol": req.protocol, "sitsprobe.bytes_in": req.bytes_in,
                       "sitsprobe.bytes_out": req.bytes_out})
-    if req.inference is not None:
+    if req.genai is not None:
         attrs.update(_gen_ai(req))
+        attrs["error.type"] = attrs["error.type"] or req.genai.error_type
+    if req.inference is not None:  # what only the engine's markers tell
+        attrs["sitsprobe.engine.request_id"] = req.inference.request_id
+        attrs["sitsprobe.kv_cache.peak_bytes"] = req.inference.kv_bytes
+    if req.segments is not None:
+        attrs.update(zip(LATENCY_ATTRIBUTES, (ns / 1e9 for ns in req.segments)))
     if req.gpu is not None:
         attrs.update(req.gpu.request)
     return {k: v for k, v in attrs.items() if v is not None}
@@ -94,18 +103,29 @@ def _http(req: Request) -> dict:
 
 
 def _gen_ai(req: Request) -> dict:
-    inf = req.inference
-    chat = (req.path or "").endswith("/chat/completions")
+    """``req.genai`` (from the wire, the markers, or both merged) as the GenAI
+    conventions' attributes, and sitsprobe's own on how it was read."""
+    g = req.genai
     ttft, tpot = req.ttft_ns, req.tpot_ns
     return {
-        "gen_ai.operation.name": "chat" if chat else "text_completion",
-        "gen_ai.request.model": inf.model or None,
-        "gen_ai.usage.input_tokens": inf.input_tokens,
-        "gen_ai.usage.output_tokens": inf.output_tokens,
+        "gen_ai.operation.name": g.operation,
+        "gen_ai.provider.name": g.provider,
+        "gen_ai.request.model": g.request_model,
+        "gen_ai.request.max_tokens": g.max_tokens,
+        "gen_ai.response.model": g.response_model,
+        "gen_ai.response.finish_reasons": g.finish_reasons or None,
+        "gen_ai.usage.input_tokens": g.input_tokens,
+        "gen_ai.usage.output_tokens": g.output_tokens,
         "gen_ai.server.time_to_first_token": None if ttft is None else ttft / 1e9,
         "gen_ai.server.time_per_output_token": None if tpot is None else tpot / 1e9,
-        "sitsprobe.engine.request_id": inf.request_id,
-        "sitsprobe.kv_cache.peak_bytes": inf.kv_bytes,
+        "sitsprobe.genai.source": g.source,
+        "sitsprobe.genai.usage_source": g.usage_source,
+        "sitsprobe.genai.stream_events": g.events if g.streaming else None,
+        "sitsprobe.genai.content_events": g.content_events if g.streaming else None,
+        "sitsprobe.genai.max_stall_s": None if g.max_gap_ns is None else g.max_gap_ns / 1e9,
+        "sitsprobe.genai.events_approximate": True if g.events_approximate else None,
+        "sitsprobe.genai.answer_empty": g.answer_empty,
+        "sitsprobe.genai.json_valid": g.json_valid,
     }
 
 

@@ -15,10 +15,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from ..export.semconv import LATENCY_ATTRIBUTES
+from ..stitch.segments import SEGMENTS
+
 # The five latency segments (the methodology's 网络/调度/计算/IO/缓存), each a
 # server-span attribute in seconds; together they should make up the duration.
-SEGMENTS = ("network", "scheduling", "compute", "io", "cache")
-SEGMENT_ATTRIBUTE = {s: f"sitsprobe.latency.{s}_s" for s in SEGMENTS}
+SEGMENT_ATTRIBUTE = dict(zip(SEGMENTS, LATENCY_ATTRIBUTES))
 
 SPAN_KIND_SERVER = 2
 

@@ -79,11 +79,14 @@ class TraceFile:
 
 
 def _attrs(kvs: list[dict]) -> dict:
-    out = {}
-    for kv in kvs:
-        (kind, v), = kv["value"].items()
-        out[kv["key"]] = int(v) if kind == "intValue" else v
-    return out
+    return {kv["key"]: _value(kv["value"]) for kv in kvs}
+
+
+def _value(v: dict):
+    (kind, x), = v.items()
+    if kind == "arrayValue":
+        return [_value(item) for item in x.get("values", [])]
+    return int(x) if kind == "intValue" else x
 
 
 class AgentHandle:

@@ -1,0 +1,163 @@
+"""Issue 11: GenAI from the wire, no markers. Servers no one here wrote
+(`transformers serve`, Hugging Face's OpenAI-compatible server) driven by the
+official `openai` client, and our reference engine with and without its
+markers: what the spans say about each request (model, tokens, time to first
+token, stream events) must equal what the client received.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .conftest import Engine, Owned, free_port, running_agent, wait_until
+from .tiny_model import build
+
+openai = pytest.importorskip("openai")
+TRANSFORMERS = Path(sys.executable).with_name("transformers")
+PROMPTS = ["the quick brown fox", "jumps over", "the lazy dog 7", "fox fox fox", "over the"]
+
+
+class TransformersServe(Owned):
+    """`transformers serve` on a tiny model built in the test, on the CPU."""
+
+    def __init__(self, d: Path):
+        if not TRANSFORMERS.exists():
+            pytest.skip(f"no {TRANSFORMERS}: pip install 'transformers[serving]' (the test extras have it)")
+        self.model = str(build(d / "tiny"))
+        self.port = free_port()
+        self.log = d / "serve.log"
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        self.proc = subprocess.Popen([str(TRANSFORMERS), "serve", self.model, "--port", str(self.port),
+                                      "--host", "127.0.0.1", "--device", "cpu"],
+                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT, env=env)
+        wait_until(self._up, 120, f"transformers serve on :{self.port} ({self.log})")
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"transformers serve exited:\n{self.log.read_text()}")
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1).status == 200
+        except OSError:
+            return False
+
+
+def drive(base_url: str, model: str, rounds: int = 2, max_tokens: int = 8) -> list[dict]:
+    """Streaming (with and without usage) and plain requests; what the client saw of each."""
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+    seen = []
+    for i in range(rounds):
+        for prompt in PROMPTS:
+            messages = [{"role": "user", "content": prompt}]
+            r = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens)
+            seen.append({"stream": False, "model": r.model, "usage": r.usage,
+                         "finish": r.choices[0].finish_reason})
+            for usage in (True, False):
+                t0 = time.monotonic()
+                ttft, chunks, content, last = None, 0, 0, None
+                extra = {"stream_options": {"include_usage": True}} if usage else {}
+                for ch in client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
+                                                         stream=True, **extra):
+                    chunks += 1
+                    last = ch
+                    if ch.choices and ch.choices[0].delta.content:
+                        content += 1
+                        ttft = ttft if ttft is not None else time.monotonic() - t0
+                seen.append({"stream": True, "model": last.model, "usage": last.usage, "ttft": ttft,
+                             "chunks": chunks, "content_chunks": content,
+                             "finish": next((c.finish_reason for c in last.choices if c.finish_reason), None)})
+    return seen
+
+
+def genai_spans(agent, port: int, n: int) -> list[dict]:
+    """The n server spans of port, in the order their requests began."""
+    spans = agent.traces.wait_for_port(port, n, timeout=30)
+    return sorted(spans, key=lambda s: int(s["startTimeUnixNano"]))
+
+
+def test_transformers_serve_with_the_openai_client(tmp_path):
+    (tmp_path / "agent").mkdir()
+    with TransformersServe(tmp_path) as serve, \
+            running_agent(tmp_path / "agent", {"ports": [serve.port], "cmdline": []}, {}, {}) as agent:
+        wait_until(lambda: agent.tracks(serve.proc.pid), 15, "the agent to track transformers serve")
+        seen = drive(f"http://127.0.0.1:{serve.port}/v1", serve.model)
+        spans = [s for s in genai_spans(agent, serve.port, len(seen)) if s["attrs"].get("url.path")
+                 == "/v1/chat/completions"]
+    assert len(spans) == len(seen)
+    wrong = []
+    for i, (s, c) in enumerate(zip(spans, seen)):
+        a = s["attrs"]
+        expect = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
+                  "gen_ai.request.model": serve.model, "gen_ai.response.model": c["model"],
+                  "gen_ai.request.max_tokens": 8, "sitsprobe.genai.source": "wire",
+                  "gen_ai.response.finish_reasons": [c["finish"]]}
+        if c["usage"] is not None:
+            expect |= {"gen_ai.usage.input_tokens": c["usage"].prompt_tokens,
+                       "gen_ai.usage.output_tokens": c["usage"].completion_tokens,
+                       "sitsprobe.genai.usage_source": "stream_usage" if c["stream"] else "body"}
+        else:  # a stream without usage: the content events, counted
+            expect |= {"gen_ai.usage.output_tokens": c["content_chunks"],
+                       "sitsprobe.genai.usage_source": "counted_events"}
+        if c["stream"]:
+            expect |= {"sitsprobe.genai.stream_events": c["chunks"]}
+        got = {k: a.get(k) for k in expect}
+        if got != expect:
+            wrong.append(f"request {i} ({'stream' if c['stream'] else 'plain'}): {got} != {expect}")
+        ttft, ttfb = a.get("gen_ai.server.time_to_first_token"), a.get("sitsprobe.time_to_first_byte_s")
+        if c["stream"] and c["ttft"] is None:  # a random model may answer nothing but blanks
+            if ttft is not None:
+                wrong.append(f"request {i}: time to first token {ttft}, but the client saw no content")
+        elif c["stream"]:
+            if ttft is None or not (ttfb < ttft <= c["ttft"]):
+                wrong.append(f"request {i}: time to first token {ttft} not after the headers ({ttfb}) "
+                             f"and within the client's {c['ttft']}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_wire_and_the_markers_agree_on_the_reference_engine(tmp_path):
+    """One workload, the engine run with its markers and without: the same
+    model and token counts (greedy decoding: the same answers), and a time to
+    first token within 5 ms or 50 % of the markers' median (the wire's is the
+    first content write, the markers' the end of prefill: later by the
+    detokenize and the write)."""
+    results = {}
+    for mode, args in (("markers", ()), ("wire", ("--no-markers",))):
+        d = tmp_path / mode
+        (d / "agent").mkdir(parents=True)
+        engine = Engine(d, *args)
+        try:
+            with running_agent(d / "agent", {"pids": [engine.pid], "cmdline": []}, {}, {}) as agent:
+                wait_until(lambda: agent.tracks(engine.pid), 15, "the agent to track the engine")
+                seen = drive(f"{engine.url}/v1", "sitsprobe-tiny-gpt", rounds=1)
+                results[mode] = [s["attrs"] for s in genai_spans(agent, engine.port, len(seen))]
+        finally:
+            engine.stop()
+    markers, wire = results["markers"], results["wire"]
+    assert {a["sitsprobe.genai.source"] for a in markers} == {"markers"}
+    assert {a["sitsprobe.genai.source"] for a in wire} == {"wire"}
+    for key in ("gen_ai.request.model", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
+                "gen_ai.operation.name", "gen_ai.response.finish_reasons"):
+        # the server's usage, where it sent one; a stream without usage tells its
+        # content events, which are fewer than its tokens where a detokenized
+        # piece needed two (checked below)
+        told = [(i, a[key]) for i, a in enumerate(wire)
+                if key in a and a.get("sitsprobe.genai.usage_source") != "counted_events"]
+        assert len(told) >= len(wire) * 2 // 3, (key, told)
+        assert told == [(i, markers[i].get(key)) for i, _ in told], key
+    for i, a in enumerate(wire):
+        if a.get("sitsprobe.genai.usage_source") == "counted_events":
+            assert 0 < a["gen_ai.usage.output_tokens"] <= markers[i]["gen_ai.usage.output_tokens"], i
+    t_m = statistics.median(a["gen_ai.server.time_to_first_token"] for a in markers
+                            if "gen_ai.server.time_to_first_token" in a)
+    t_w = statistics.median(a["gen_ai.server.time_to_first_token"] for a in wire
+                            if "gen_ai.server.time_to_first_token" in a)
+    print(f"time to first token, median: wire {t_w * 1e3:.2f} ms, markers {t_m * 1e3:.2f} ms")
+    assert abs(t_w - t_m) <= max(0.005, 0.5 * t_m), (t_w, t_m)
+
+
