@@ -1,0 +1,108 @@
+"""Issue 11: recorded streams in the shapes of vLLM, TGI, Ollama and llama.cpp
+(written from their API docs into tests/fixtures/genai) replayed through a
+real server (uvicorn + Starlette, one event per write, as those servers
+write them) to a real client over loopback. The spans' gen_ai.* attributes
+must be what the recorded bytes say, read whole; hostile requests never
+crash the agent and no prompt or answer text reaches a span.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from sitsprobe.export.semconv import span_attributes
+from sitsprobe.stitch.genai import read
+
+from ..unit.test_genai import FIXTURES, INDEX, exchange, written
+from .conftest import Owned, running_agent, wait_until
+
+HERE = Path(__file__).resolve().parent
+TIMING = {"gen_ai.server.time_to_first_token", "gen_ai.server.time_per_output_token",
+          "sitsprobe.genai.max_stall_s"}
+
+
+class Replay(Owned):
+    def __init__(self, gap_ms: float = 2.0):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "genai_replay.py"), "--port", "0", "--gap-ms", str(gap_ms),
+             "--host", "127.0.0.1"],
+            stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline().split()[1])
+        assert self.proc.stdout.readline().strip() == "ready"
+
+
+def post(port: int, path: str, body: bytes) -> tuple[int, bytes]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def request_for(name: str) -> bytes:
+    """The fixture's request; for an error fixture, as the replay server is asked for it."""
+    body = json.loads((FIXTURES / f"{name}.request.json").read_bytes())
+    if INDEX[name].get("error"):
+        body["inputs" if "inputs" in body else "model"] = "error"
+    return json.dumps(body).encode()
+
+
+def expected(name: str) -> dict:
+    """What the recorded bytes say, read whole: the gen_ai.* attributes, timing aside."""
+    r = exchange(name, written(name), body_bytes=request_for(name))
+    attrs = span_attributes(r._replace(genai=read(r)))
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.items()
+            if (k.startswith(("gen_ai.", "sitsprobe.genai.")) or k == "error.type") and k not in TIMING}
+
+
+def test_recorded_servers_replayed_come_out_as_recorded(tmp_path):
+    (tmp_path / "agent").mkdir()
+    with Replay() as server, running_agent(tmp_path / "agent", {"pids": [server.proc.pid], "cmdline": []},
+                                           {}, {}) as agent:
+        wait_until(lambda: agent.tracks(server.proc.pid), 15, "the agent to track the replay server")
+        names = sorted(INDEX)
+        for name in names:
+            status, _ = post(server.port, INDEX[name]["path"], request_for(name))
+            assert status < 500, name
+        spans = sorted(agent.traces.wait_for_port(server.port, len(names), timeout=30),
+                       key=lambda s: int(s["startTimeUnixNano"]))
+    wrong = []
+    for name, span in zip(names, spans):
+        want = expected(name)
+        got = {k: span["attrs"].get(k) for k in want}
+        if got != want:
+            wrong.append(f"{name}: {got} != {want}")
+        if INDEX[name]["stream"] and "gen_ai.server.time_to_first_token" not in span["attrs"]:
+            wrong.append(f"{name}: a stream with no time to first token")
+    assert not wrong, "\n".join(wrong)
+
+
+HOSTILE = [
+    b'{"model": "SECRET-PROMPT' + b"\\u0000" * 50 + b'", "messages": [' + b"[" * 5000 + b"]" * 5000 + b"]}",
+    b'{"model": 1e999999, "max_tokens": 99999999999999999999999999999, "messages": []}',
+    b"\xff\xfe SECRET-PROMPT \x00\x01\x02" * 300,
+    b'{"messages":[{"role":"user","content":"SECRET-PROMPT \\"model\\": \\"injected\\""}],"stream":true,'
+    b'"model":"' + b"m" * 5000 + b'"}',
+    b'data: {"choices":[{"delta":{"content":"SECRET-PROMPT"}}]}\n\n' * 40,
+]
+
+
+def test_hostile_requests_neither_crash_the_agent_nor_leak_text(tmp_path):
+    (tmp_path / "agent").mkdir()
+    with Replay() as server, running_agent(tmp_path / "agent", {"pids": [server.proc.pid], "cmdline": []},
+                                           {}, {}) as agent:
+        wait_until(lambda: agent.tracks(server.proc.pid), 15, "the agent to track the replay server")
+        paths = ["/v1/chat/completions", "/generate_stream", "/api/chat", "/completion"]
+        for i, body in enumerate(HOSTILE * 2):
+            post(server.port, paths[i % len(paths)], body)
+        spans = agent.traces.wait_for_port(server.port, len(HOSTILE) * 2, timeout=30)
+        assert agent.alive()
+    text = json.dumps([s["attrs"] for s in spans])
+    assert "SECRET" not in text and "injected" not in text
+    assert all(len(s["attrs"].get("gen_ai.request.model", "")) <= 256 for s in spans)
+
