@@ -240,7 +240,7 @@ class Agent:
         return {"kernel": total(m, "sitsprobe_http_server_requests_total"),
                 "stitched": total(m, "sitsprobe_requests_stitched_total"),
                 "lost": total(m, "sitsprobe_events_lost_total"),
-                "traced": total(m, "sitsprobe_traces_total", outcome="exported")}
+                "traced": total(m, "sitsprobe_traces_total", outcome="sampled")}
 
     def settled(self, before: dict[str, float] | None = None, at_least: int = 0) -> tuple[dict, float]:
         """Counter deltas since ``before`` once the kernel count has stopped moving and the
