@@ -37,7 +37,7 @@ BPF_TABLE("lru_hash", __u64, struct tuple, socks, 65536);
 BPF_PERCPU_ARRAY(counters, __u64, C_COUNTERS);
 BPF_PERCPU_HASH(http_status, struct status_key, __u64, 65536);
 BPF_PERCPU_ARRAY(zero_conn, struct conn, 1);
-BPF_HASH(runq, __u32, __u64, 4096); /* tgid -> ns its threads waited to run, since tracked */
+BPF_TABLE("lru_hash", __u32, __u64, runq, 65536); /* tid -> ns it waited to run, since tracked */
 BPF_HASH(bodies, __u64, struct body, MAX_BODIES); /* keyed like conns, for CF_BODY exchanges */
 BPF_PERCPU_ARRAY(zero_body, struct body, 1);
 BPF_ARRAY(beat_layout, struct beat, 1);   /* never used: gives userspace struct beat's layout */
@@ -66,9 +66,11 @@ static __always_inline int is_tracked(__u32 tgid)
     return tracked.lookup(&tgid) != NULL;
 }
 
-static __always_inline __u64 runq_of(__u32 tgid)
+/* The run-queue wait of the calling thread so far (RUNQ). */
+static __always_inline __u64 runq_now(void)
 {
-    __u64 *v = RUNQ ? runq.lookup(&tgid) : NULL;
+    __u32 tid = bpf_get_current_pid_tgid();
+    __u64 *v = RUNQ ? runq.lookup(&tid) : NULL;
     return v ? *v : 0;
 }
 
@@ -453,7 +455,8 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         c->first_out_ns = c->last_out_ns = 0;
         c->bytes_in = c->bytes_out = 0;
         c->send_ns = c->runq_ns = 0;
-        c->runq_start = runq_of(tgid);
+        c->runq_tid = bpf_get_current_pid_tgid();
+        c->runq_start = runq_now();
         c->status = c->pipeline = 0;
         c->resp_len = 0;
         c->tp_len = c->ts_len = 0;
@@ -503,7 +506,8 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
         if (c->state == ST_IDLE) { /* the server spoke first, or we missed the request */
             c->start_ns = a->enter_ns;
             c->send_ns = c->runq_ns = 0;
-            c->runq_start = runq_of(tgid);
+            c->runq_tid = bpf_get_current_pid_tgid();
+            c->runq_start = runq_now();
             if (c->flags & CF_SEEDED)
                 c->flags |= CF_MISSED;
             c->flags &= ~CF_SEEDED;
@@ -542,7 +546,8 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
     c->bytes_out += ret;
     c->last_out_ns = a->enter_ns;
     c->send_ns += now - a->enter_ns;
-    c->runq_ns = runq_of(tgid) - c->runq_start;
+    if (c->runq_tid == (__u32)bpf_get_current_pid_tgid())
+        c->runq_ns = runq_now() - c->runq_start;
 }
 
 static __always_inline void on_accept(struct args *a, __u32 tgid, long fd)
@@ -795,15 +800,15 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     if (!args->group_dead || !is_tracked(tgid))
         return 0;
     tracked.delete(&tgid);
-    runq.delete(&tgid);
     notify(N_EXIT, tgid);
     return 0;
 }
 
 #if RUNQ
-/* Run-queue wait of tracked processes: from a thread becoming runnable (woken,
- * or preempted while running) to it running again, summed per process. What
- * a request waited that its own threads' CPU time does not explain. */
+/* Run-queue wait of tracked processes' threads: from a thread becoming
+ * runnable (woken, or preempted while running) to it running again, summed
+ * per thread. An exchange takes the growth of its serving thread's (the one
+ * that read the request, while it is the one writing the response). */
 BPF_TABLE("lru_hash", __u32, __u32, threads, 16384); /* tid -> tgid: tracked threads seen running */
 BPF_HASH(runnable, __u32, __u64, 16384);              /* tid -> since when it waits to run */
 
@@ -821,15 +826,12 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (!since)
         return 0;
     __u64 waited = now - *since;
-    runnable.delete(&next);
-    __u32 *owner = threads.lookup(&next);
-    if (!owner)
-        return 0;
-    __u64 *total = runq.lookup(owner);
+    runnable.delete(&next); /* only tracked threads are ever in it */
+    __u64 *total = runq.lookup(&next);
     if (total)
         __sync_fetch_and_add(total, waited);
     else
-        runq.update(owner, &waited);
+        runq.update(&next, &waited);
     return 0;
 }
 

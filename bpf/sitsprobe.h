@@ -144,8 +144,9 @@ struct conn {
     __u8 tp_len; /* bytes in tp: the request head had a "traceparent:" line past req */
     __u8 ts_len; /* ... and "tracestate:" */
     __u64 send_ns;      /* time spent inside the response's send calls */
-    __u64 runq_start;   /* the process's run-queue wait (RUNQ) when the exchange began ... */
-    __u64 runq_ns;      /* ... and how much it grew by the last write */
+    __u64 runq_start;   /* the serving thread's run-queue wait (RUNQ) when the exchange began */
+    __u64 runq_ns;      /* ... and how much it grew by its last write of the response */
+    __u32 runq_tid;     /* that thread: the one that read the request */
     __u8 req[REQ_CAP];
     __u8 resp[RESP_CAP];
     __u8 tp[TP_CAP]; /* what followed the header name, up to the line end or TP_CAP */

@@ -39,7 +39,7 @@ class Exchange(NamedTuple):
     tracestate: bytes = b""
     payload: Payload | None = None  # a POST's payload pieces (CF_BODY), its writes joined by stitch
     send_ns: int = 0  # time inside the response's send calls
-    runq_ns: int = 0  # the process's threads' run-queue wait during the exchange (all threads)
+    runq_ns: int = 0  # the serving thread's run-queue wait during the exchange
 
     @property
     def key(self) -> tuple[int, int, int, int]:

@@ -175,7 +175,7 @@ class Request(NamedTuple):
     genai: GenAI | None = None  # what the request was as generative AI, from the wire or markers
     last_in_ns: int = 0  # last request byte received (0: not known)
     send_ns: int = 0  # time spent inside the response's send calls
-    runq_ns: int = 0  # run-queue wait of the process's threads meanwhile (shared by concurrent requests)
+    runq_ns: int = 0  # run-queue wait of the thread serving it meanwhile
     segments: tuple[int, int, int, int, int] | None = None  # ns in network, scheduling, compute,
     # io, cache (sitsprobe.stitch.segments): they add up to the duration
 

@@ -215,16 +215,19 @@ class Scheduler:
             with markers.range("prefill", request_id=rid):
                 kv = self.model.new_kv(len(handle.prompt) + handle.params.max_tokens)
                 if self.prefix_cache is not None:
-                    found = self.prefix_cache.lookup(handle.prompt, kv)
+                    with markers.range("prefix_lookup", request_id=rid):
+                        found = self.prefix_cache.lookup(handle.prompt, kv)
                     if found is not None:
                         markers.cache_get("prefix", found.key, found.hit, request_id=rid)
                         handle.prefix_tokens = found.tokens
-                suffix = torch.tensor([handle.prompt[kv.length:]], device=self.model.device)
+                with markers.range("h2d", request_id=rid):  # the prompt's tokens to the device
+                    suffix = torch.tensor([handle.prompt[kv.length:]], device=self.model.device)
                 logits = self.model.extend(suffix, [kv])[:, -1]
                 if self.prefix_cache is not None:
                     self.prefix_cache.insert(handle.prompt, kv)
                 running = _Running(handle, kv)
-                token = self._sample([running], logits)[0]
+                with markers.range("d2h", request_id=rid):  # the sampled token back: waits for the device
+                    token = self._sample([running], logits)[0]
         except Exception as e:  # noqa: BLE001 - one bad request must not stop the engine
             self._fail([handle], e)
             return

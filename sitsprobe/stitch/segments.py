@@ -10,8 +10,9 @@ duration. What each holds:
   engine markers everything outside the engine's stages (before its first,
   after its last: parsing, queuing for the HTTP server, writing out).
 - **scheduling**: the engine's queue stages (``engine.scheduling_stages``), and
-  the run-queue wait of the server's threads while the request was open
-  (``stitch.run_queue``: the kernel's ``sched_switch``/``sched_wakeup``).
+  the run-queue wait of the thread serving the request while it was open
+  (``stitch.run_queue``: the kernel's ``sched_switch``/``sched_wakeup``): the
+  thread that read it, while it is the one writing the answer.
 - **compute**: the engine's compute stages (prefill, decode, ...: every stage
   not named in another list) and its time between stages; without markers,
   everything between the last byte in and the last byte out that is not a
@@ -20,9 +21,10 @@ duration. What each holds:
   synchronisation).
 - **cache**: the engine's cache stages (``engine.cache_stages``).
 
-Approximate, and said so: the run-queue wait is the whole process's (all its
-threads, shared by the requests open at the time), so it is taken out of
-compute only up to what compute holds; a send made during a decode step (a
+Approximate, and said so: the run-queue wait is one thread's, the one on the
+connection; an engine's other threads (a scheduler, a thread pool) wait
+unseen, and what it waits is taken out of compute only up to what compute
+holds; a send made during a decode step (a
 stream) counts as compute when the engine marks that step; an engine without
 markers cannot tell its queue from its model, so both are compute. Where two
 stages overlap, the instant goes to the first of cache, io, scheduling,

@@ -7,6 +7,8 @@ token, stream events) must equal what the client received.
 from __future__ import annotations
 
 import functools
+import json
+import math
 import os
 import statistics
 import subprocess
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Engine, Owned, free_port, running_agent, wait_until
+from .conftest import Engine, Owned, TraceFile, free_port, running_agent, wait_until
 from .tiny_model import build
 
 openai = pytest.importorskip("openai")
@@ -128,7 +130,7 @@ def test_the_wire_and_the_markers_agree_on_the_reference_engine(tmp_path):
     counts its content events, at most its tokens. The median time to first
     token agrees within 5 ms or 50 % (the wire's is the first content write,
     the markers' the end of prefill: earlier by a detokenize and a write)."""
-    ttft = {}
+    ttft, files = {}, {}
     for mode, args in (("markers", ()), ("wire", ("--no-markers",))):
         d = tmp_path / mode
         (d / "agent").mkdir(parents=True)
@@ -138,6 +140,7 @@ def test_the_wire_and_the_markers_agree_on_the_reference_engine(tmp_path):
                 wait_until(functools.partial(agent.tracks, engine.pid), 15, "the agent to track the engine")
                 seen = drive(f"{engine.url}/v1", "sitsprobe-tiny-gpt", rounds=1)
                 spans = [s["attrs"] for s in genai_spans(agent, engine.port, len(seen))]
+                files[mode] = agent.traces.path
         finally:
             engine.stop()
         assert {a["sitsprobe.genai.source"] for a in spans} == {mode}
@@ -159,3 +162,27 @@ def test_the_wire_and_the_markers_agree_on_the_reference_engine(tmp_path):
     t_m, t_w = ttft["markers"], ttft["wire"]
     print(f"time to first token, median: wire {t_w * 1e3:.2f} ms, markers {t_m * 1e3:.2f} ms")
     assert abs(t_w - t_m) <= max(0.005, 0.5 * t_m), (t_w, t_m)
+    for mode, path in files.items():
+        check_report(path, mode)
+
+
+def check_report(path: Path, mode: str) -> None:
+    """`sitsprobe report` on a traces file the suite made: every request's five
+    segments add up to its duration (report.tolerance), and the exact P99 is
+    the P99 of the very spans in the file."""
+    out = subprocess.run([sys.executable, "-m", "sitsprobe.cli", "report", str(path), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    durations = sorted(int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])
+                       for s in TraceFile(path).spans() if s["kind"] == 2)
+    a = doc["attribution"]
+    assert a["requests"] == len(durations), (mode, a["requests"], len(durations))
+    assert a["residual"]["over"] == 0, (mode, a["residual"])
+    nearest_rank = durations[math.ceil(0.99 * len(durations)) - 1]
+    assert doc["bias"]["exact_p99_ms"] == pytest.approx(nearest_rank / 1e6), mode
+    shares = {r["segment"]: r["share"] or 0 for r in a["rows"]}
+    if mode == "markers":  # the engine names its queue (its batching window), cache look-up and copies
+        assert shares["scheduling"] > 0.1 and shares["cache"] > 0 and shares["io"] > 0, shares
+    else:  # without markers its queue cannot be told from its model
+        assert shares["compute"] > 0.5 and shares["cache"] == shares["io"] == 0, shares
