@@ -61,7 +61,9 @@ from bench.bench_http import (
     Result,
     Wrk,
     _dur,
+    _f,
     _first,
+    _us,
     cpu_s,
     free_port,
     machine,
@@ -295,14 +297,6 @@ def measure(config: str, rnd: int, url: str, script: Path, a: argparse.Namespace
 def _med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
-
-
-def _us(cpu, reqs):
-    return None if cpu is None else cpu / reqs * 1e6
-
-
-def _f(v, fmt):
-    return format("-", f">{fmt.split('.')[0]}") if v is None else format(v, fmt)
 
 
 def _rows(results: list[Result], config: str) -> list[Result]:
