@@ -1,7 +1,9 @@
 /* CUDA probes: uprobes on the CUDA runtime (libcudart.so*) and driver
  * (libcuda.so*) API entry points of tracked processes, counted here in the
- * kernel per (tgid, function, copy direction). Nothing crosses a ring buffer:
- * userspace reads `cuda_stats` when it is scraped.
+ * kernel per (tgid, function, copy direction): userspace reads `cuda_stats`
+ * when it is scraped. Only the waits on the device (blocking copies and
+ * synchronisations: a few per step, not per kernel launch) cross a ring,
+ * one small record each, for the requests' I/O time.
  *
  * Each probe is attached once per library file (for every process mapping
  * it) and filters on `cuda_pids`. Functions that block or allocate also get
@@ -36,6 +38,7 @@ BPF_PERCPU_HASH(cuda_stats, struct cuda_key, struct cuda_stat, MAX_CUDA_KEYS);
 BPF_HASH(cuda_inflight, struct cuda_call, struct cuda_entry, 16384);
 BPF_HASH(cuda_allocs, struct cuda_alloc, __u64, MAX_CUDA_ALLOCS);
 BPF_PERCPU_ARRAY(cuda_counters, __u64, CUDA_C_COUNTERS);
+BPF_RINGBUF_OUTPUT(cuda_waits, CUDA_WAIT_PAGES);
 
 static __always_inline void lost(int idx)
 {
@@ -108,11 +111,24 @@ static __always_inline int leave_timed(struct pt_regs *ctx, __u16 fn)
         return 0;
     __u32 tgid = id >> 32;
     int rc = (int)PT_REGS_RC(ctx);
+    __u64 now = bpf_ktime_get_ns();
     struct cuda_stat *s = stat_of(tgid, fn, e->kind);
     if (s) {
-        s->ns += bpf_ktime_get_ns() - e->ts;
+        s->ns += now - e->ts;
         if (rc != 0)
             s->errors++;
+    }
+    if (fn == CUDA_MEMCPY || fn == CUDA_STREAM_SYNC || fn == CUDA_DEVICE_SYNC) {
+        struct cuda_wait *w = cuda_waits.ringbuf_reserve(sizeof(struct cuda_wait));
+        if (w) {
+            w->tgid = tgid;
+            w->fn = fn;
+            w->start_ns = e->ts;
+            w->end_ns = now;
+            cuda_waits.ringbuf_submit(w, BPF_RB_NO_WAKEUP); /* drained as requests end */
+        } else {
+            lost(CUDA_C_WAITS_LOST);
+        }
     }
     if (rc == 0 && fn == CUDA_MALLOC) {
         struct cuda_alloc a = {.tgid = tgid};

@@ -259,7 +259,8 @@ enum cuda_counter {
     CUDA_C_STATS_FULL = 0,    /* calls not counted: cuda_stats map full */
     CUDA_C_INFLIGHT_LOST = 1, /* return not timed: cuda_inflight map full */
     CUDA_C_ALLOCS_FULL = 2,   /* allocation not remembered: cuda_allocs map full */
-    CUDA_C_COUNTERS = 3,
+    CUDA_C_WAITS_LOST = 3,    /* copy/sync waits not sent: cuda_waits ring full */
+    CUDA_C_COUNTERS = 4,
 };
 
 struct cuda_key {
@@ -273,6 +274,17 @@ struct cuda_stat {
     __u64 errors; /* returns with a cudaError_t/CUresult other than 0 (timed functions) */
     __u64 bytes;  /* copies: bytes asked; cudaMalloc: bytes allocated; cudaFree: bytes freed */
     __u64 ns;     /* time inside the call (timed functions) */
+};
+
+/* One wait on the device: a cudaMemcpy or a synchronisation, start to
+ * return, on the `cuda_waits` ring; userspace counts it in the I/O segment
+ * of the requests the process had open meanwhile. */
+#define CUDA_WAIT_PAGES 64
+struct cuda_wait {
+    u32 tgid; /* bcc's ring-event decoder knows u32, not __u32 */
+    u32 fn;   /* enum cuda_fn */
+    u64 start_ns;
+    u64 end_ns;
 };
 /* ---- cuda: end ---- */
 

@@ -63,11 +63,11 @@ CUDA_FN_NAMES = _in_order({
 }, CUDA_FUNCTIONS)
 
 # enum cuda_counter: index into the `cuda_counters` per-CPU array
-CUDA_C_STATS_FULL, CUDA_C_INFLIGHT_LOST, CUDA_C_ALLOCS_FULL = 0, 1, 2
-CUDA_C_COUNTERS = 3
+CUDA_C_STATS_FULL, CUDA_C_INFLIGHT_LOST, CUDA_C_ALLOCS_FULL, CUDA_C_WAITS_LOST = 0, 1, 2, 3
+CUDA_C_COUNTERS = 4
 CUDA_COUNTERS = _in_order({
     CUDA_C_STATS_FULL: "stats_full", CUDA_C_INFLIGHT_LOST: "inflight_lost",
-    CUDA_C_ALLOCS_FULL: "allocs_full",
+    CUDA_C_ALLOCS_FULL: "allocs_full", CUDA_C_WAITS_LOST: "waits_lost",
 }, CUDA_C_COUNTERS)
 
 # ---- cache ----

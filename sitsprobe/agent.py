@@ -412,7 +412,8 @@ class Agent:
         if r.payload is not None or r.inference is not None:
             wire = genai.read(r) if r.payload is not None else None
             r = r._replace(genai=genai.merge(genai.from_markers(r), wire), payload=None)
-        return r._replace(segments=segments(r, self._stage_segments))
+        waits = self.gpu.device_waits(r.pid, r.start_ns, r.end_ns) if self.gpu is not None else ()
+        return r._replace(segments=segments(r, self._stage_segments, waits))
 
     def recent_json(self, query: dict[str, str]) -> bytes:
         """/report/requests.json[?window_s=N]: the recent GenAI requests, for `sitsprobe report`."""

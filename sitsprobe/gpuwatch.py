@@ -113,6 +113,11 @@ class GpuWatch:
             return r
         return r._replace(gpu=GpuUse(request, stages))
 
+    def device_waits(self, pid: int, start_ns: int, end_ns: int) -> list[tuple[int, int]]:
+        """The process's waits on the device within a request's span (the
+        CUDA probes' blocking copies and synchronisations): its I/O time."""
+        return self.cuda.waits(pid, start_ns, end_ns) if self.cuda is not None else []
+
     def forget(self, pid: int) -> None:
         """A process exited: its CUDA counts are folded into its name's totals
         (pid ""), so a call made just before it exited is still counted, and

@@ -6,6 +6,7 @@ import ctypes as ct
 import logging
 import os
 import re
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ _SYMBOLS = {
     },
 }
 _VARIANT = re.compile(r"^(\w+?)(_ptsz|_ptds)?$")
+WAITS_KEPT = 4096  # device waits remembered per process, the newest: for the requests still open
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,17 @@ class CudaProbe:
                         cflags=[f"-I{bpf_dir()}", *flags])
         self._pids = self._bpf[b"cuda_pids"]
         self._stats = self._bpf[b"cuda_stats"]
+        self._waits: dict[int, deque[tuple[int, int]]] = {}  # pid -> (start, end) of device waits
+        ring = self._bpf[b"cuda_waits"]
+
+        def on_wait(_ctx, data, _size):
+            w = ring.event(data)
+            kept = self._waits.get(w.tgid)
+            if kept is None:
+                kept = self._waits[w.tgid] = deque(maxlen=WAITS_KEPT)
+            kept.append((w.start_ns, w.end_ns))
+
+        ring.open_ring_buffer(on_wait)
         self.attached: dict[tuple[str, int], Attachment] = {}
         self.failed: dict[tuple[str, int], str] = {}  # library -> why it could not be probed
 
@@ -183,8 +196,21 @@ class CudaProbe:
     def _wanted(self, kind: str) -> list[str]:
         return [f for f in _SYMBOLS[kind] if self._functions is None or f in self._functions]
 
+    def waits(self, pid: int, start_ns: int, end_ns: int) -> list[tuple[int, int]]:
+        """pid's waits on the device (blocking copies, synchronisations) that
+        overlap [start_ns, end_ns], clipped to it; the ring drained first."""
+        self._bpf.ring_buffer_consume()
+        out = []
+        for s, e in reversed(self._waits.get(pid, ())):  # newest first, in the ring's order
+            if e <= start_ns:
+                break
+            if s < end_ns:
+                out.append((max(s, start_ns), min(e, end_ns)))
+        return out
+
     def forget(self, pid: int) -> list[CudaCount]:
         """Stop following pid and drop its counts (it exited); its final counts."""
+        self._waits.pop(pid, None)
         final = [c for c in self.counts() if c.pid == pid]
         self._pids.pop(ct.c_uint(pid), None)
         for key in [k for k in self._stats.keys() if k.tgid == pid]:

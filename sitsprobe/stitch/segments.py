@@ -17,8 +17,9 @@ duration. What each holds:
   not named in another list) and its time between stages; without markers,
   everything between the last byte in and the last byte out that is not a
   send call or a run-queue wait (the server's own time, the model's included).
-- **io**: the engine's I/O stages (``engine.io_stages``: host-device copies,
-  synchronisation).
+- **io**: the process's waits on the device while the request was open
+  (blocking ``cudaMemcpy``, stream and device synchronisation, timed by the
+  CUDA probes), and the engine's I/O stages (``engine.io_stages``).
 - **cache**: the engine's cache stages (``engine.cache_stages``).
 
 Approximate, and said so: the run-queue wait is one thread's, the one on the
@@ -26,7 +27,10 @@ connection; an engine's other threads (a scheduler, a thread pool) wait
 unseen, and what it waits is taken out of compute only up to what compute
 holds; a send made during a decode step (a
 stream) counts as compute when the engine marks that step; an engine without
-markers cannot tell its queue from its model, so both are compute. Where two
+markers cannot tell its queue from its model, so both are compute; a device
+wait is the process's, so it counts for every request open at the time (a
+batch waits together), and waits in a worker process of its own (vLLM's
+GPU workers) are not this process's and are not seen. Where two
 stages overlap, the instant goes to the first of cache, io, scheduling,
 network, compute.
 """
@@ -54,20 +58,26 @@ class StageSegments:
         return self._of.get(stage, COMPUTE)
 
 
-def segments(r: Request, stages: StageSegments) -> tuple[int, int, int, int, int]:
-    """(network, scheduling, compute, io, cache) in ns, adding up to r.duration_ns."""
+def segments(r: Request, stages: StageSegments,
+             waits: Iterable[tuple[int, int]] = ()) -> tuple[int, int, int, int, int]:
+    """(network, scheduling, compute, io, cache) in ns, adding up to
+    r.duration_ns. ``waits``: (start, end) of the process's device waits
+    during the request."""
     start, end = r.start_ns, r.end_ns
     out = [0] * 5
     if end <= start:
         return (0, 0, 0, 0, 0)
+    device = [(max(s, start), min(e, end), IO) for s, e in waits if e > start and s < end]
     inf = r.inference
     if inf is not None and inf.stages:
         _engine_timeline(out, start, end, [(max(s.start_ns, start), min(s.end_ns, end), stages.of(s.name))
-                                           for s in inf.stages if s.end_ns > start and s.start_ns < end])
+                                           for s in inf.stages if s.end_ns > start and s.start_ns < end]
+                         + device)
     else:
         last_in = min(max(r.last_in_ns, start), end) if r.last_in_ns else start
         out[NETWORK] = last_in - start
-        out[COMPUTE] = end - last_in
+        out[IO] = _covered([(max(s, last_in), e) for s, e, _ in device if e > last_in])
+        out[COMPUTE] = end - last_in - out[IO]
         sent = min(r.send_ns, out[COMPUTE])
         out[COMPUTE] -= sent
         out[NETWORK] += sent
@@ -75,6 +85,17 @@ def segments(r: Request, stages: StageSegments) -> tuple[int, int, int, int, int
     out[COMPUTE] -= waited
     out[SCHEDULING] += waited
     return tuple(out)
+
+
+def _covered(spans: list[tuple[int, int]]) -> int:
+    """ns covered by the union of (start, end) spans."""
+    total, reach = 0, None
+    for s, e in sorted(spans):
+        if reach is None or s > reach:
+            total, reach = total + (e - s), e
+        elif e > reach:
+            total, reach = total + (e - reach), e
+    return total
 
 
 def _engine_timeline(out: list[int], start: int, end: int, spans: list[tuple[int, int, int]]) -> None:

@@ -159,7 +159,22 @@ def test_counts_equal_the_calls_made(probe, children):
                   if c.pid == child.pid and c.direction}
     assert directions == {("cudaMemcpy", "host_to_device"): 11 * 100,
                           ("cudaMemcpyAsync", "device_to_host"): 9 * 64}
-    assert probe.counters() == {"stats_full": 0, "inflight_lost": 0, "allocs_full": 0}
+    assert probe.counters() == {"stats_full": 0, "inflight_lost": 0, "allocs_full": 0, "waits_lost": 0}
+
+
+def test_each_wait_on_the_device_is_timed_for_the_requests_open_meanwhile(probe, children):
+    child = children(libcudart())
+    probe.attach_pids([child.pid])
+    before = time.monotonic_ns()
+    child.call({"cudaMemcpy": 4, "cudaDeviceSynchronize": 3, "cudaStreamSynchronize": 2,
+                "cudaLaunchKernel": 5, "cudaMalloc": 2})
+    after = time.monotonic_ns()
+    waits = probe.waits(child.pid, before, after)
+    assert len(waits) == 4 + 3 + 2  # the blocking copies and syncs; launches and allocations are not waits
+    assert all(before <= s <= e <= after for s, e in waits)
+    assert probe.waits(child.pid, after, after + 10**9) == []  # none after they were made
+    (s, e) = sorted(waits)[0]
+    assert probe.waits(child.pid, s + 1, s + 2) == [(s + 1, s + 2)]  # clipped to the request asking
 
 
 def test_a_process_is_counted_once_attach_pids_names_it(probe, children):

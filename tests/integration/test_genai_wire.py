@@ -92,6 +92,11 @@ def test_transformers_serve_with_the_openai_client(tmp_path):
         seen = drive(f"http://127.0.0.1:{serve.port}/v1", serve.model)
         spans = [s for s in genai_spans(agent, serve.port, len(seen)) if s["attrs"].get("url.path")
                  == "/v1/chat/completions"]
+        report = subprocess.run([sys.executable, "-m", "sitsprobe.cli", "report", "--agent",
+                                 agent.metrics_url, "--json"], capture_output=True, text=True, timeout=60)
+    assert report.returncode == 0, report.stderr
+    doc = json.loads(report.stdout)  # the agent's own record of every GenAI request, sampled or not
+    assert doc["attribution"]["requests"] == len(seen) and doc["attribution"]["residual"]["over"] == 0, doc
     assert len(spans) == len(seen)
     wrong = []
     for i, (s, c) in enumerate(zip(spans, seen)):

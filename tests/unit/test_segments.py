@@ -64,3 +64,26 @@ def test_they_always_add_up_to_the_duration(seed):
     t = segments(r, RULES)
     assert min(t) >= 0
     assert sum(t) == pytest.approx(end, abs=len(stages) + 1)  # stage times are rounded to ns
+
+
+def test_the_processs_device_waits_are_io_with_or_without_markers():
+    waits = [(15 * MS, 20 * MS), (18 * MS, 25 * MS), (200 * MS, 300 * MS)]  # overlapping, and past the end
+    wire = named(segments(req(last_in_ns=10 * MS), RULES, waits))
+    assert wire == {"network": 10, "scheduling": 0, "compute": 80, "io": 10, "cache": 0}
+    marked = named(segments(req(stages=[("prefill", 10, 40)]), RULES, [(30 * MS, 35 * MS)]))
+    assert marked == {"network": 70, "scheduling": 0, "compute": 25, "io": 5, "cache": 0}
+
+
+def test_the_agent_gives_every_request_its_segments_with_the_gpu_layers_device_waits():
+    import os
+    from types import SimpleNamespace
+
+    from sitsprobe import config
+    from sitsprobe.agent import Agent
+
+    agent = Agent(config.load(overrides={"select.pids": [os.getpid()]}))
+    asked = []
+    agent.gpu = SimpleNamespace(device_waits=lambda pid, s, e: asked.append((pid, s, e)) or [(s + 50 * MS, e)])
+    r = agent._understood(req(last_in_ns=10 * MS))
+    assert asked == [(1, 0, 100 * MS)]
+    assert named(r.segments) == {"network": 10, "scheduling": 0, "compute": 40, "io": 50, "cache": 0}

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from sitsprobe.events import (CF_CHUNK_END, CF_MISSED, CF_TCP, CF_TUPLE, END_CLOSE, END_FLUSH,
                               END_NEXT, END_RESPONSE, Exchange)
-from sitsprobe.request import Endpoint
+from sitsprobe.events import Beat
+from sitsprobe.request import Endpoint, Payload, Write
 from sitsprobe.routes import RouteMapper
 from sitsprobe.stitch.exchange import Stitcher, enrich
 from sitsprobe.stitch.protocols import http1, opaque, protocol_of
@@ -186,3 +187,21 @@ def test_a_resp_exchange_is_due_once_every_command_has_its_whole_reply():
     assert not s.due(exchange(req=two, resp=b"$5\r\nxy", status=0))  # a reply cut
     big = exchange(req=two, resp=b"$1\r\nx\r\n$-1\r\n", status=0, bytes_out=10_000)
     assert not s.due(big)  # more was sent than captured: cannot tell
+
+
+def test_a_posts_writes_join_its_exchange_and_it_is_due_once_all_are_in():
+    s = Stitcher(RouteMapper([], True, 500), writes_per_exchange=2)
+    post = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n"
+    ex = exchange(req=post, resp=head, status=200, bytes_out=len(head) + 4,
+                  payload=Payload(writes_total=3))
+    s.on_beat(Beat(ex.key, Write(2_000, len(head), head)))
+    assert not s.due(ex)  # its framing ended, but the second write's event is still on its way
+    s.on_beat(Beat(ex.key, Write(2_500, 4, b"ok!!")))
+    assert s.due(ex)  # the kernel reports the first two writes one by one: both are in
+    (r,) = s.on_flush(ex)
+    assert [w.ts_ns for w in r.payload.writes] == [2_000, 2_500]
+    assert s.on_exchange(ex) == []  # the kernel's own report, dropped; no writes held for it
+    s.on_beat(Beat((1, 2, 3, 0), Write(1, 1, b"x")))
+    s.forget(1)  # a process that exited takes its waiting writes with it
+    assert s.on_exchange(exchange(tgid=1, fd=2, start_ns=3, payload=Payload()))[0].payload.writes == ()
