@@ -38,6 +38,7 @@ BPF_PERCPU_ARRAY(counters, __u64, C_COUNTERS);
 BPF_PERCPU_HASH(http_status, struct status_key, __u64, 65536);
 BPF_PERCPU_ARRAY(zero_conn, struct conn, 1);
 BPF_TABLE("lru_hash", __u32, __u64, runq, 65536); /* tid -> ns it waited to run, since tracked */
+BPF_TABLE("lru_hash", __u32, __u64, rwaits, 65536); /* tid -> ns in other reads (OTHER_READ) */
 BPF_HASH(bodies, __u64, struct body, MAX_BODIES); /* keyed like conns, for CF_BODY exchanges */
 BPF_PERCPU_ARRAY(zero_body, struct body, 1);
 BPF_ARRAY(beat_layout, struct beat, 1);   /* never used: gives userspace struct beat's layout */
@@ -74,6 +75,14 @@ static __always_inline __u64 runq_now(void)
     return v ? *v : 0;
 }
 
+/* The calling thread's time in other reads so far (READ_WAITS). */
+static __always_inline __u64 rwait_now(void)
+{
+    __u32 tid = bpf_get_current_pid_tgid();
+    __u64 *v = READ_WAITS ? rwaits.lookup(&tid) : NULL;
+    return v ? *v : 0;
+}
+
 /* Enter half of every data syscall: remember the arguments for the exit. */
 static __always_inline int enter(__u32 fd, const void *ptr, __u32 kind)
 {
@@ -84,9 +93,15 @@ static __always_inline int enter(__u32 fd, const void *ptr, __u32 kind)
     if (kind != K_ACCEPT) {
         __u64 key = conn_key(tgid, fd);
         if (!conns.lookup(&key)) {
-            if (!(kind & SEND) || !overflow.lookup(&key))
+            if (kind & SEND) {
+                if (!overflow.lookup(&key))
+                    return 0;
+                kind |= UNTRACKED;
+            } else if (READ_WAITS) {
+                kind |= OTHER_READ; /* only timed */
+            } else {
                 return 0;
-            kind |= UNTRACKED;
+            }
         }
     }
     struct args a = {.ptr = (__u64)ptr, .enter_ns = bpf_ktime_get_ns(), .fd = fd, .kind = kind};
@@ -454,9 +469,10 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         c->start_ns = now;
         c->first_out_ns = c->last_out_ns = 0;
         c->bytes_in = c->bytes_out = 0;
-        c->send_ns = c->runq_ns = 0;
+        c->send_ns = c->runq_ns = c->rwait_ns = 0;
         c->runq_tid = bpf_get_current_pid_tgid();
         c->runq_start = runq_now();
+        c->rwait_start = rwait_now();
         c->status = c->pipeline = 0;
         c->resp_len = 0;
         c->tp_len = c->ts_len = 0;
@@ -505,9 +521,10 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
     if (c->state != ST_RESPONDING) {
         if (c->state == ST_IDLE) { /* the server spoke first, or we missed the request */
             c->start_ns = a->enter_ns;
-            c->send_ns = c->runq_ns = 0;
+            c->send_ns = c->runq_ns = c->rwait_ns = 0;
             c->runq_tid = bpf_get_current_pid_tgid();
             c->runq_start = runq_now();
+            c->rwait_start = rwait_now();
             if (c->flags & CF_SEEDED)
                 c->flags |= CF_MISSED;
             c->flags &= ~CF_SEEDED;
@@ -546,8 +563,10 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
     c->bytes_out += ret;
     c->last_out_ns = a->enter_ns;
     c->send_ns += now - a->enter_ns;
-    if (c->runq_tid == (__u32)bpf_get_current_pid_tgid())
+    if (c->runq_tid == (__u32)bpf_get_current_pid_tgid()) {
         c->runq_ns = runq_now() - c->runq_start;
+        c->rwait_ns = rwait_now() - c->rwait_start;
+    }
 }
 
 static __always_inline void on_accept(struct args *a, __u32 tgid, long fd)
@@ -597,6 +616,15 @@ static __always_inline int leave(void *ctx, long ret)
         goto out;
     if (a->kind == K_ACCEPT) {
         on_accept(a, tgid, ret);
+        goto out;
+    }
+    if (a->kind & OTHER_READ) {
+        __u32 tid = id;
+        __u64 took = bpf_ktime_get_ns() - a->enter_ns, *total = rwaits.lookup(&tid);
+        if (total)
+            *total += took;
+        else
+            rwaits.update(&tid, &took);
         goto out;
     }
     if (a->kind & UNTRACKED) {

@@ -17,6 +17,8 @@
  *   MAX_WRITES           response writes of one exchange reported one by one
  *   MAX_BODIES           POST exchanges in progress whose payload is kept at once
  *   RUNQ                 1: time tracked processes' threads wait to run (sched tracepoints)
+ *   READ_WAITS           1: time tracked threads spend in reads of anything but their
+ *                        tracked connections (files, pipes, a dependency's socket)
  */
 #ifndef SITSPROBE_H
 #define SITSPROBE_H
@@ -64,6 +66,9 @@
 #endif
 #ifndef RUNQ
 #define RUNQ 1
+#endif
+#ifndef READ_WAITS
+#define READ_WAITS 1
 #endif
 
 #define MAX_OVERFLOW 65536 /* connections the full conns table could not take, still counted */
@@ -147,6 +152,8 @@ struct conn {
     __u64 runq_start;   /* the serving thread's run-queue wait (RUNQ) when the exchange began */
     __u64 runq_ns;      /* ... and how much it grew by its last write of the response */
     __u32 runq_tid;     /* that thread: the one that read the request */
+    __u64 rwait_start;  /* the same thread's time in other reads (READ_WAITS) then ... */
+    __u64 rwait_ns;     /* ... and its growth by the last write */
     __u8 req[REQ_CAP];
     __u8 resp[RESP_CAP];
     __u8 tp[TP_CAP]; /* what followed the header name, up to the line end or TP_CAP */
@@ -198,6 +205,7 @@ _Static_assert(sizeof(struct beat) != sizeof(struct conn),
 enum call_kind { K_FLAT = 1, K_IOV = 2, K_MSG = 3, K_NOCOPY = 4, K_ACCEPT = 5 };
 #define SEND 0x100      /* or-ed into args.kind: the call writes */
 #define UNTRACKED 0x200 /* or-ed into args.kind: a send on a connection in `overflow` */
+#define OTHER_READ 0x400 /* or-ed into args.kind: a read of anything but a tracked connection */
 
 /* A syscall's arguments from its enter half, for its exit: the `inflight` map,
  * keyed by pid_tgid. */

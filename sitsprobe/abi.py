@@ -44,7 +44,7 @@ NET_COUNTERS = _in_order({
 
 # enum call_kind: struct args.kind (the `inflight` map), with SEND and UNTRACKED or-ed in
 K_FLAT, K_IOV, K_MSG, K_NOCOPY, K_ACCEPT = 1, 2, 3, 4, 5
-SEND, UNTRACKED = 0x100, 0x200
+SEND, UNTRACKED, OTHER_READ = 0x100, 0x200, 0x400
 
 # enum notice_kind: struct notice.kind
 N_EXEC, N_EXIT, N_LISTEN = 1, 2, 3

@@ -124,7 +124,8 @@ class Agent:
             cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
                    max_connections=self.config.stitch.max_connections,
                    ring_buffer_mib=self.config.ring_buffer_mib, tcp_sendmsg=tcp_hook,
-                   run_queue=self.config.stitch.run_queue, genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,
+                   run_queue=self.config.stitch.run_queue, read_waits=self.config.stitch.read_waits,
+                   genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,
                    write_peek_bytes=cap.write_peek_bytes, max_writes=cap.max_writes,
                    max_payloads=cap.max_payloads),
             self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat)

@@ -49,6 +49,7 @@ class Stitch:
     flush_interval_ms: int
     max_connections: int
     run_queue: bool
+    read_waits: bool
 
 
 @dataclass(frozen=True)
@@ -357,6 +358,7 @@ _RULES: dict[str, Rule] = {
     "stitch.flush_interval_ms": _int(10, 60000),
     "stitch.max_connections": _int(64, 1048576),
     "stitch.run_queue": _BOOL,
+    "stitch.read_waits": _BOOL,
     "routes.templates": _list(_str('a string starting with "/"', lambda s: s.startswith("/"))),
     "routes.collapse_ids": _BOOL,
     "routes.max_routes": _int(1, 100000),

@@ -40,6 +40,7 @@ class Exchange(NamedTuple):
     payload: Payload | None = None  # a POST's payload pieces (CF_BODY), its writes joined by stitch
     send_ns: int = 0  # time inside the response's send calls
     runq_ns: int = 0  # the serving thread's run-queue wait during the exchange
+    read_wait_ns: int = 0  # ... and its time in reads of anything but its tracked connections
 
     @property
     def key(self) -> tuple[int, int, int, int]:

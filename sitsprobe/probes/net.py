@@ -33,7 +33,7 @@ def bpf_dir() -> Path:
 
 
 def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
-           ring_buffer_mib: int, tcp_sendmsg: Hook, run_queue: bool = True,
+           ring_buffer_mib: int, tcp_sendmsg: Hook, run_queue: bool = True, read_waits: bool = True,
            genai: bool = True, body_bytes: int = 512,
            tail_bytes: int = 512, write_peek_bytes: int = 384, max_writes: int = 4096,
            max_payloads: int = 4096) -> list[str]:
@@ -46,6 +46,7 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
         f"-DRINGBUF_PAGES={ring_buffer_mib * 256}",
         f"-DTCP_SENDMSG_HOOK={_HOOK_CODE[tcp_sendmsg.kind]}",
         f"-DRUNQ={int(run_queue)}",
+        f"-DREAD_WAITS={int(read_waits)}",
         f"-DGENAI={int(genai)}",
         f"-DBODY_CAP={body_bytes}",
         f"-DTAIL_CAP={tail_bytes}",
@@ -85,7 +86,7 @@ class ExchangeDecoder:
     _FIELDS = ("tgid", "fd", "comm", "reason", "start_ns", "last_in_ns", "first_out_ns",
                "last_out_ns", "bytes_in", "bytes_out", "flags", "t.family", "t.laddr",
                "t.lport", "t.raddr", "t.rport", "status", "pipeline", "req_len",
-               "resp_len", "req", "resp", "tp_len", "tp", "ts_len", "ts", "send_ns", "runq_ns")
+               "resp_len", "req", "resp", "tp_len", "tp", "ts_len", "ts", "send_ns", "runq_ns", "rwait_ns")
 
     def __init__(self, conn_type, name_of: Callable[[int, str], str] | None = None):
         """name_of(tgid, thread's comm): the process's name for its exchanges,
@@ -106,7 +107,7 @@ class ExchangeDecoder:
         """An Exchange from a conn already unpacked (by iter_unpack)."""
         (tgid, fd, comm, reported, start_ns, last_in_ns, first_out_ns, last_out_ns, bytes_in,
          bytes_out, flags, family, laddr, lport, raddr, rport, status, pipeline, req_len, resp_len,
-         req, resp, tp_len, tp, ts_len, ts, send_ns, runq_ns) = self._pick(v)
+         req, resp, tp_len, tp, ts_len, ts, send_ns, runq_ns, rwait_ns) = self._pick(v)
         return Exchange(
             tgid=tgid, fd=fd, comm=self.name_of(tgid, _comm(comm)),
             reason=reported if reason is None else reason,
@@ -118,7 +119,7 @@ class ExchangeDecoder:
             status=status, pipeline=pipeline,
             req=req[:req_len], resp=resp[:resp_len],
             traceparent=tp[:tp_len], tracestate=ts[:ts_len],
-            send_ns=send_ns, runq_ns=runq_ns,
+            send_ns=send_ns, runq_ns=runq_ns, read_wait_ns=rwait_ns,
         )
 
 

@@ -12,14 +12,17 @@ duration. What each holds:
 - **scheduling**: the engine's queue stages (``engine.scheduling_stages``), and
   the run-queue wait of the thread serving the request while it was open
   (``stitch.run_queue``: the kernel's ``sched_switch``/``sched_wakeup``): the
-  thread that read it, while it is the one writing the answer.
+  thread that read it, while it is the one writing the answer (the same
+  thread's other reads, below, likewise).
 - **compute**: the engine's compute stages (prefill, decode, ...: every stage
   not named in another list) and its time between stages; without markers,
   everything between the last byte in and the last byte out that is not a
   send call or a run-queue wait (the server's own time, the model's included).
 - **io**: the process's waits on the device while the request was open
   (blocking ``cudaMemcpy``, stream and device synchronisation, timed by the
-  CUDA probes), and the engine's I/O stages (``engine.io_stages``).
+  CUDA probes), the serving thread's reads of anything but its connection
+  (files, pipes, a dependency's socket: ``stitch.read_waits``), and the
+  engine's I/O stages (``engine.io_stages``).
 - **cache**: the engine's cache stages (``engine.cache_stages``).
 
 Approximate, and said so: the run-queue wait is one thread's, the one on the
@@ -81,9 +84,10 @@ def segments(r: Request, stages: StageSegments,
         sent = min(r.send_ns, out[COMPUTE])
         out[COMPUTE] -= sent
         out[NETWORK] += sent
-    waited = min(r.runq_ns, out[COMPUTE])
-    out[COMPUTE] -= waited
-    out[SCHEDULING] += waited
+    for seg, ns in ((SCHEDULING, r.runq_ns), (IO, r.read_wait_ns)):
+        taken = min(ns, out[COMPUTE])
+        out[COMPUTE] -= taken
+        out[seg] += taken
     return tuple(out)
 
 

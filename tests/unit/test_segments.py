@@ -87,3 +87,10 @@ def test_the_agent_gives_every_request_its_segments_with_the_gpu_layers_device_w
     r = agent._understood(req(last_in_ns=10 * MS))
     assert asked == [(1, 0, 100 * MS)]
     assert named(r.segments) == {"network": 10, "scheduling": 0, "compute": 40, "io": 50, "cache": 0}
+
+
+def test_the_serving_threads_other_reads_are_io_taken_from_compute():
+    r = req(last_in_ns=10 * MS, read_wait_ns=30 * MS, runq_ns=5 * MS)
+    assert named(segments(r, RULES)) == {"network": 10, "scheduling": 5, "compute": 55, "io": 30, "cache": 0}
+    capped = named(segments(req(last_in_ns=90 * MS, read_wait_ns=500 * MS), RULES))
+    assert capped["io"] == 10 and capped["compute"] == 0
