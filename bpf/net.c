@@ -39,6 +39,7 @@ BPF_PERCPU_HASH(http_status, struct status_key, __u64, 65536);
 BPF_PERCPU_ARRAY(zero_conn, struct conn, 1);
 BPF_TABLE("lru_hash", __u32, __u64, runq, 65536); /* tid -> ns it waited to run, since tracked */
 BPF_TABLE("lru_hash", __u32, __u64, rwaits, 65536); /* tid -> ns in other reads (OTHER_READ) */
+BPF_TABLE("lru_hash", __u32, __u64, cwaits, 65536); /* ... of those, reads of a Redis reply */
 BPF_HASH(bodies, __u64, struct body, MAX_BODIES); /* keyed like conns, for CF_BODY exchanges */
 BPF_PERCPU_ARRAY(zero_body, struct body, 1);
 BPF_ARRAY(beat_layout, struct beat, 1);   /* never used: gives userspace struct beat's layout */
@@ -75,12 +76,27 @@ static __always_inline __u64 runq_now(void)
     return v ? *v : 0;
 }
 
-/* The calling thread's time in other reads so far (READ_WAITS). */
+/* The calling thread's time in other reads so far (READ_WAITS), and in
+ * those of them that read a Redis reply. */
 static __always_inline __u64 rwait_now(void)
 {
     __u32 tid = bpf_get_current_pid_tgid();
     __u64 *v = READ_WAITS ? rwaits.lookup(&tid) : NULL;
     return v ? *v : 0;
+}
+
+static __always_inline __u64 cwait_now(void)
+{
+    __u32 tid = bpf_get_current_pid_tgid();
+    __u64 *v = READ_WAITS ? cwaits.lookup(&tid) : NULL;
+    return v ? *v : 0;
+}
+
+/* A RESP (Redis) reply begins with its type: + - : $ * (RESP2), _ , # % ~ (RESP3). */
+static __always_inline int is_resp_reply(__u8 b)
+{
+    return b == '+' || b == '-' || b == ':' || b == '$' || b == '*' || b == '_' || b == ',' ||
+           b == '#' || b == '%' || b == '~';
 }
 
 /* Enter half of every data syscall: remember the arguments for the exit. */
@@ -469,10 +485,11 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         c->start_ns = now;
         c->first_out_ns = c->last_out_ns = 0;
         c->bytes_in = c->bytes_out = 0;
-        c->send_ns = c->runq_ns = c->rwait_ns = 0;
+        c->send_ns = c->runq_ns = c->rwait_ns = c->cwait_ns = 0;
         c->runq_tid = bpf_get_current_pid_tgid();
         c->runq_start = runq_now();
         c->rwait_start = rwait_now();
+        c->cwait_start = cwait_now();
         c->status = c->pipeline = 0;
         c->resp_len = 0;
         c->tp_len = c->ts_len = 0;
@@ -521,10 +538,11 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
     if (c->state != ST_RESPONDING) {
         if (c->state == ST_IDLE) { /* the server spoke first, or we missed the request */
             c->start_ns = a->enter_ns;
-            c->send_ns = c->runq_ns = c->rwait_ns = 0;
+            c->send_ns = c->runq_ns = c->rwait_ns = c->cwait_ns = 0;
             c->runq_tid = bpf_get_current_pid_tgid();
             c->runq_start = runq_now();
             c->rwait_start = rwait_now();
+            c->cwait_start = cwait_now();
             if (c->flags & CF_SEEDED)
                 c->flags |= CF_MISSED;
             c->flags &= ~CF_SEEDED;
@@ -566,6 +584,7 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
     if (c->runq_tid == (__u32)bpf_get_current_pid_tgid()) {
         c->runq_ns = runq_now() - c->runq_start;
         c->rwait_ns = rwait_now() - c->rwait_start;
+        c->cwait_ns = cwait_now() - c->cwait_start;
     }
 }
 
@@ -620,11 +639,20 @@ static __always_inline int leave(void *ctx, long ret)
     }
     if (a->kind & OTHER_READ) {
         __u32 tid = id;
-        __u64 took = bpf_ktime_get_ns() - a->enter_ns, *total = rwaits.lookup(&tid);
+        __u64 took = bpf_ktime_get_ns() - a->enter_ns, len = 0, buf = first_buffer(a, &len);
+        __u8 first = 0;
+        __u64 *total = rwaits.lookup(&tid);
         if (total)
             *total += took;
         else
             rwaits.update(&tid, &took);
+        if (buf && bpf_probe_read_user(&first, 1, (void *)buf) == 0 && is_resp_reply(first)) {
+            total = cwaits.lookup(&tid);
+            if (total)
+                *total += took;
+            else
+                cwaits.update(&tid, &took);
+        }
         goto out;
     }
     if (a->kind & UNTRACKED) {

@@ -18,7 +18,8 @@
  *   MAX_BODIES           POST exchanges in progress whose payload is kept at once
  *   RUNQ                 1: time tracked processes' threads wait to run (sched tracepoints)
  *   READ_WAITS           1: time tracked threads spend in reads of anything but their
- *                        tracked connections (files, pipes, a dependency's socket)
+ *                        tracked connections (files, pipes, a dependency's socket),
+ *                        and of those, in reads of a Redis reply
  */
 #ifndef SITSPROBE_H
 #define SITSPROBE_H
@@ -154,6 +155,8 @@ struct conn {
     __u32 runq_tid;     /* that thread: the one that read the request */
     __u64 rwait_start;  /* the same thread's time in other reads (READ_WAITS) then ... */
     __u64 rwait_ns;     /* ... and its growth by the last write */
+    __u64 cwait_start;  /* of those reads, the ones of a Redis (RESP) reply: a cache look-up */
+    __u64 cwait_ns;
     __u8 req[REQ_CAP];
     __u8 resp[RESP_CAP];
     __u8 tp[TP_CAP]; /* what followed the header name, up to the line end or TP_CAP */

@@ -41,6 +41,7 @@ class Exchange(NamedTuple):
     send_ns: int = 0  # time inside the response's send calls
     runq_ns: int = 0  # the serving thread's run-queue wait during the exchange
     read_wait_ns: int = 0  # ... and its time in reads of anything but its tracked connections
+    cache_wait_ns: int = 0  # ... of which, reads of a Redis reply
 
     @property
     def key(self) -> tuple[int, int, int, int]:

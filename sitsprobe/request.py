@@ -177,6 +177,7 @@ class Request(NamedTuple):
     send_ns: int = 0  # time spent inside the response's send calls
     runq_ns: int = 0  # run-queue wait of the thread serving it meanwhile
     read_wait_ns: int = 0  # that thread's time in other reads (files, pipes, a dependency's socket)
+    cache_wait_ns: int = 0  # ... of which, reads of a Redis (RESP) reply: cache look-ups
     segments: tuple[int, int, int, int, int] | None = None  # ns in network, scheduling, compute,
     # io, cache (sitsprobe.stitch.segments): they add up to the duration
 

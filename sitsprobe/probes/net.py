@@ -86,7 +86,8 @@ class ExchangeDecoder:
     _FIELDS = ("tgid", "fd", "comm", "reason", "start_ns", "last_in_ns", "first_out_ns",
                "last_out_ns", "bytes_in", "bytes_out", "flags", "t.family", "t.laddr",
                "t.lport", "t.raddr", "t.rport", "status", "pipeline", "req_len",
-               "resp_len", "req", "resp", "tp_len", "tp", "ts_len", "ts", "send_ns", "runq_ns", "rwait_ns")
+               "resp_len", "req", "resp", "tp_len", "tp", "ts_len", "ts", "send_ns", "runq_ns", "rwait_ns",
+               "cwait_ns")
 
     def __init__(self, conn_type, name_of: Callable[[int, str], str] | None = None):
         """name_of(tgid, thread's comm): the process's name for its exchanges,
@@ -107,7 +108,7 @@ class ExchangeDecoder:
         """An Exchange from a conn already unpacked (by iter_unpack)."""
         (tgid, fd, comm, reported, start_ns, last_in_ns, first_out_ns, last_out_ns, bytes_in,
          bytes_out, flags, family, laddr, lport, raddr, rport, status, pipeline, req_len, resp_len,
-         req, resp, tp_len, tp, ts_len, ts, send_ns, runq_ns, rwait_ns) = self._pick(v)
+         req, resp, tp_len, tp, ts_len, ts, send_ns, runq_ns, rwait_ns, cwait_ns) = self._pick(v)
         return Exchange(
             tgid=tgid, fd=fd, comm=self.name_of(tgid, _comm(comm)),
             reason=reported if reason is None else reason,
@@ -119,7 +120,7 @@ class ExchangeDecoder:
             status=status, pipeline=pipeline,
             req=req[:req_len], resp=resp[:resp_len],
             traceparent=tp[:tp_len], tracestate=ts[:ts_len],
-            send_ns=send_ns, runq_ns=runq_ns, read_wait_ns=rwait_ns,
+            send_ns=send_ns, runq_ns=runq_ns, read_wait_ns=rwait_ns, cache_wait_ns=cwait_ns,
         )
 
 

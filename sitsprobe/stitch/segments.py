@@ -23,7 +23,9 @@ duration. What each holds:
   CUDA probes), the serving thread's reads of anything but its connection
   (files, pipes, a dependency's socket: ``stitch.read_waits``), and the
   engine's I/O stages (``engine.io_stages``).
-- **cache**: the engine's cache stages (``engine.cache_stages``).
+- **cache**: the engine's cache stages (``engine.cache_stages``), and the
+  serving thread's reads of a Redis reply (a read whose first byte is a RESP
+  type: ``+ - : $ *`` and RESP3's), taken out of its other reads.
 
 Approximate, and said so: the run-queue wait is one thread's, the one on the
 connection; an engine's other threads (a scheduler, a thread pool) wait
@@ -84,7 +86,8 @@ def segments(r: Request, stages: StageSegments,
         sent = min(r.send_ns, out[COMPUTE])
         out[COMPUTE] -= sent
         out[NETWORK] += sent
-    for seg, ns in ((SCHEDULING, r.runq_ns), (IO, r.read_wait_ns)):
+    reads = max(0, r.read_wait_ns - r.cache_wait_ns)
+    for seg, ns in ((SCHEDULING, r.runq_ns), (CACHE, r.cache_wait_ns), (IO, reads)):
         taken = min(ns, out[COMPUTE])
         out[COMPUTE] -= taken
         out[seg] += taken

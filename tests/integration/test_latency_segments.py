@@ -1,30 +1,40 @@
 """Issue 11: the kernel's part of the five latency segments, on a real server.
 A threaded server that, inside each request, waits 30 ms on a read of a pipe
-(as it would on a file or a dependency's socket), and then answers: its spans
-must show that wait as io, not as compute; the send calls as network; and the
-five adding up to the span.
+(as it would on a file or a dependency's socket), or on a real redis-server's
+reply (BLPOP with a 30 ms timeout), and then answers: its spans must show the
+first wait as io and the second as cache, not as compute; the send calls as
+network; and the five adding up to the span.
 """
 from __future__ import annotations
 
 import functools
+import shutil
+import socket
 import subprocess
 import sys
 import urllib.request
 
-from .conftest import Owned, running_agent, wait_until
+import pytest
+
+from .conftest import Owned, free_port, running_agent, wait_until
 
 SERVER = r"""
-import os, sys, threading, time
+import os, socket, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self):
-        r, w = os.pipe()
-        threading.Timer(0.03, os.write, (w, b"x")).start()  # the answer, 30 ms from now
-        os.read(r, 1)  # blocks: a read of something that is not this connection
-        os.close(r), os.close(w)
+        if self.path == "/redis":  # a cache look-up that takes 30 ms: BLPOP on an empty list
+            with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as redis:
+                redis.sendall(b"*3\r\n$5\r\nBLPOP\r\n$5\r\nempty\r\n$4\r\n0.03\r\n")
+                assert redis.recv(64).startswith((b"*-1", b"_"))  # nil: nothing came in time
+        else:
+            r, w = os.pipe()
+            threading.Timer(0.03, os.write, (w, b"x")).start()  # the answer, 30 ms from now
+            os.read(r, 1)  # blocks: a read of something that is not this connection
+            os.close(r), os.close(w)
         body = b"done"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -41,24 +51,49 @@ srv.serve_forever()
 
 
 class Waiting(Owned):
-    def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    def __init__(self, redis_port: int = 0):
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(redis_port)],
+                                     stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
 
 
-def test_a_blocking_read_inside_a_request_is_io(tmp_path):
+class RedisServer(Owned):
+    def __init__(self):
+        if not shutil.which("redis-server"):
+            pytest.skip("redis-server is needed: .ci/run installs it")
+        self.port = free_port()
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        wait_until(self._up, 10, "redis-server to listen")
+
+    def _up(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+
+def segments_of(s: dict) -> dict[str, float]:
+    parts = {k: s["attrs"][f"sitsprobe.latency.{k}_s"] for k in ("network", "scheduling", "compute", "io", "cache")}
+    duration = (int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])) / 1e9
+    assert abs(sum(parts.values()) - duration) < 1e-6, (parts, duration)
+    return parts
+
+
+def test_a_blocking_read_is_io_and_a_redis_reply_is_cache(tmp_path):
     (tmp_path / "agent").mkdir()
-    with Waiting() as server, running_agent(tmp_path / "agent", {"pids": [server.proc.pid], "cmdline": []},
-                                            {}, {}) as agent:
+    with RedisServer() as redis, Waiting(redis.port) as server, \
+            running_agent(tmp_path / "agent", {"pids": [server.proc.pid], "cmdline": []}, {}, {}) as agent:
         wait_until(functools.partial(agent.tracks, server.proc.pid), 15, "the agent to track the server")
-        for _ in range(5):
-            assert urllib.request.urlopen(f"http://127.0.0.1:{server.port}/", timeout=5).read() == b"done"
-        spans = agent.traces.wait_for_port(server.port, 5)
+        for path in ("/", "/redis") * 4:
+            assert urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=5).read() == b"done"
+        spans = agent.traces.wait_for_port(server.port, 8)
+    by_path: dict[str, list[dict]] = {}
     for s in spans:
-        a = s["attrs"]
-        duration = (int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])) / 1e9
-        parts = {k: a[f"sitsprobe.latency.{k}_s"] for k in ("network", "scheduling", "compute", "io", "cache")}
-        assert abs(sum(parts.values()) - duration) < 1e-6, (parts, duration)
-        assert 0.025 <= parts["io"] <= duration, parts  # the 30 ms wait on the pipe
-        assert parts["compute"] < parts["io"], parts
+        by_path.setdefault(s["attrs"]["url.path"], []).append(segments_of(s))
+    for parts in by_path["/"]:
+        assert parts["io"] >= 0.025 and parts["cache"] == 0 and parts["compute"] < parts["io"], parts
         assert parts["network"] > 0, parts  # the send calls, at least
+    for parts in by_path["/redis"]:
+        assert parts["cache"] >= 0.025 and parts["io"] < 0.005 and parts["compute"] < parts["cache"], parts

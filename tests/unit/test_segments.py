@@ -94,3 +94,8 @@ def test_the_serving_threads_other_reads_are_io_taken_from_compute():
     assert named(segments(r, RULES)) == {"network": 10, "scheduling": 5, "compute": 55, "io": 30, "cache": 0}
     capped = named(segments(req(last_in_ns=90 * MS, read_wait_ns=500 * MS), RULES))
     assert capped["io"] == 10 and capped["compute"] == 0
+
+
+def test_reads_of_a_redis_reply_are_cache_and_the_other_reads_io():
+    r = req(last_in_ns=10 * MS, read_wait_ns=50 * MS, cache_wait_ns=20 * MS)
+    assert named(segments(r, RULES)) == {"network": 10, "scheduling": 0, "compute": 40, "io": 30, "cache": 20}

@@ -70,7 +70,7 @@ def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
             path, routes.route(path), status, None, None, done, ex.req,
             trace_headers=(ex.traceparent, ex.tracestate) if ex.traceparent or ex.tracestate else None,
             payload=ex.payload, last_in_ns=ex.last_in_ns, send_ns=ex.send_ns, runq_ns=ex.runq_ns,
-            read_wait_ns=ex.read_wait_ns)
+            read_wait_ns=ex.read_wait_ns, cache_wait_ns=ex.cache_wait_ns)
         return [r if transport(ex) else r._replace(transport=None)]
     heads = parse_request_heads(ex.req)
     head = heads[ex.pipeline] if ex.pipeline < len(heads) else None
@@ -90,7 +90,8 @@ def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
         tracestate=head.headers.get("tracestate"),
         trace_headers=(ex.traceparent, ex.tracestate) if ex.pipeline == 0 else None,
         payload=ex.payload if ex.pipeline == 0 else None, last_in_ns=ex.last_in_ns,
-        send_ns=ex.send_ns, runq_ns=ex.runq_ns, read_wait_ns=ex.read_wait_ns, **base)]
+        send_ns=ex.send_ns, runq_ns=ex.runq_ns, read_wait_ns=ex.read_wait_ns,
+        cache_wait_ns=ex.cache_wait_ns, **base)]
 
 
 def enrich(r: Request, redact: frozenset[str], keep_query: frozenset[str]) -> Request:
