@@ -118,13 +118,17 @@ class Agent:
         tcp_hook = plan["tcp_sendmsg"]
         if tcp_hook is None:
             raise SitsprobeError("no hook for tcp_sendmsg on this kernel (see `sitsprobe doctor`)")
+        run_queue = self.config.stitch.run_queue and bool(plan["run_queue"] and plan["run_queue_wakeup"])
+        if self.config.stitch.run_queue and not run_queue:
+            log.warning("stitch.run_queue: sched:sched_switch or sched:sched_wakeup unavailable here; "
+                        "sitsprobe.latency.scheduling_s holds only engine queue stages")
         self.hooks = {point: str(h) for point, h in plan.items() if h}
         cap = self.config.capture
         self.probe = NetProbe(
             cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
                    max_connections=self.config.stitch.max_connections,
                    ring_buffer_mib=self.config.ring_buffer_mib, tcp_sendmsg=tcp_hook,
-                   run_queue=self.config.stitch.run_queue, read_waits=self.config.stitch.read_waits,
+                   run_queue=run_queue, read_waits=self.config.stitch.read_waits,
                    genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,
                    write_peek_bytes=cap.write_peek_bytes, max_writes=cap.max_writes,
                    max_payloads=cap.max_payloads),

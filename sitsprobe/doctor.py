@@ -12,6 +12,7 @@ import textwrap
 
 from sitsprobe import kheaders, tracefs
 from sitsprobe.errors import SitsprobeError
+from sitsprobe.probes import hooks
 
 WIDTH, NAME = 80, 20
 
@@ -64,7 +65,8 @@ def report(root: str = "/", configured_headers: str | None = None,
     chosen = capability.plan(caps, root)
     if bcc_version and not caps["ringbuf"].ok:
         problems.append(f"{caps['ringbuf'].detail} (ring buffers need kernel 5.8+)")
-    unhooked = [point for point, hook in chosen["net"].items() if hook is None]
+    unhooked = [point for point, hook in chosen["net"].items()
+                if hook is None and point not in hooks.OPTIONAL]  # without those the agent runs, and says so
     if bcc_version and unhooked:
         problems.append(f"net probe points with no working hook: {', '.join(unhooked)} "
                         "(see fallbacks)")

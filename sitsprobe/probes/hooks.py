@@ -34,6 +34,10 @@ NET_POINTS: dict[str, list[Hook]] = {
     ],
     "tcp_state": [Hook(TRACEPOINT, "sock:inet_sock_set_state")],
     "process_lifecycle": [Hook(TRACEPOINT, "sched:sched_process_exec")],
+    # the run-queue wait of traced threads (stitch.run_queue): optional, the
+    # agent runs without them and says so
+    "run_queue": [Hook(TRACEPOINT, "sched:sched_switch")],
+    "run_queue_wakeup": [Hook(TRACEPOINT, "sched:sched_wakeup")],
     **{
         sc: _syscall(sc)
         for sc in (
@@ -44,6 +48,7 @@ NET_POINTS: dict[str, list[Hook]] = {
     },
 }
 
+OPTIONAL = frozenset({"run_queue", "run_queue_wakeup"})  # points the agent can do without
 PROBES: dict[str, dict[str, list[Hook]]] = {"net": NET_POINTS}
 
 

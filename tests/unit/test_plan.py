@@ -92,3 +92,13 @@ def test_render_text_fits_80_columns_and_lists_problems():
     assert "(mounted now)" in text and "NVMLError_LibraryNotFound" in text
     assert "result: the agent cannot run here:" in text
     assert "  - net probe point sendto" in text
+
+
+def test_without_the_sched_tracepoints_only_the_run_queue_goes(tmp_path):
+    present = [t for t in ALL_TPS if t not in ("sched:sched_switch", "sched:sched_wakeup")]
+    c = caps()
+    chosen = plan(c, tracing(tmp_path, *present))
+    assert chosen["net"]["run_queue"] is None and chosen["net"]["run_queue_wakeup"] is None
+    assert chosen["net"]["process_lifecycle"] is not None
+    assert "run_queue: tracepoint sched:sched_switch missing; no usable hook" in fallback_notes(chosen, c)
+    assert {"run_queue", "run_queue_wakeup"} <= hooks.OPTIONAL  # doctor still says the agent can run
