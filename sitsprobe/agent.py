@@ -236,7 +236,7 @@ class Agent:
                                  "set --metrics-port (0 disables it)") from e
 
     def _counters(self) -> dict[str, int]:
-        counters = self.probe.counters()
+        counters = self.probe.counters() | {"writes_unheld": self.stitcher.writes_dropped}
         if self.markers is not None:
             counters |= {f"marker_{k}": v for k, v in self.markers.counters().items()}
         return counters

@@ -29,6 +29,9 @@ ADVICE = {
                           "those get no gen_ai.* attributes from the wire",
     "write_ring_full": "raise ring_buffer_mib, or lower capture.max_writes: those streams' "
                        "token timings are a floor (sitsprobe.genai.events_approximate)",
+    "write_queue_full": "more response write events waited for their exchanges at once than the "
+                        "agent holds (a million): give the agent more CPU; those streams' timings "
+                        "are a floor",
     "notice_ring_full": "its size is fixed: processes that started or exited are still found "
                         "by the rescan every select.rescan_interval_s",
     "inflight_table_full": "more socket calls in flight at once than the fixed in-flight table "

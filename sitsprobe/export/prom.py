@@ -241,6 +241,7 @@ class KernelMetrics:
     LOSS = {"lost": "ring_buffer_full", "conn_overflow": "connection_table_full",
             "uncounted": "connection_tables_full_uncounted",
             "bodies_full": "payload_table_full", "writes_lost": "write_ring_full",
+            "writes_unheld": "write_queue_full",
             "notices_lost": "notice_ring_full", "inflight_lost": "inflight_table_full",
             "marker_lost": "marker_ring_full", "marker_batch_ids_dropped": "marker_batch_ids_dropped"}
 

@@ -137,9 +137,8 @@ class PayloadDecoder:
     `struct conn_body` (an exchange with its payload pieces) and `struct
     beat` (one response write), told apart by their size."""
 
-    def __init__(self, body_type, beat_type, conn_size: int):
+    def __init__(self, body_type, beat_type):
         body = Layout(body_type)
-        self.size = conn_size + body.struct.size
         self.tail_cap = body_type.req_tail.size // 2  # a ring, and the room the verifier asks for
         self._body = body.subset("req_tail_pos", "resp_tail_pos", "writes", "body_len", "body",
                                  "req_tail", "resp_tail")
@@ -188,8 +187,7 @@ class NetProbe:
         self._notice_map = self._bpf["notices"]
 
         self._bodies = self._bpf["bodies"]
-        self._payloads = payloads = PayloadDecoder(self._bodies.Leaf, self._bpf["beat_layout"].Leaf,
-                                                   decode.size)
+        self._payloads = payloads = PayloadDecoder(self._bodies.Leaf, self._bpf["beat_layout"].Leaf)
         self._budget = DrainBudget()
 
         def exchange_cb(_ctx, data, size):

@@ -33,7 +33,7 @@ class Stitcher:
         self._writes: dict[tuple[int, int, int, int], list[Write]] = {}
         self._writes_held, self._max_writes = 0, max_writes
         self.duplicates = 0
-        self.writes_dropped = 0  # writes not held: max_writes were waiting already
+        self.writes_dropped = 0  # writes not held: max_writes were waiting already (a loss, exported)
 
     def on_beat(self, beat: Beat) -> None:
         """A response write of an exchange still to come."""

@@ -205,3 +205,12 @@ def test_a_posts_writes_join_its_exchange_and_it_is_due_once_all_are_in():
     s.on_beat(Beat((1, 2, 3, 0), Write(1, 1, b"x")))
     s.forget(1)  # a process that exited takes its waiting writes with it
     assert s.on_exchange(exchange(tgid=1, fd=2, start_ns=3, payload=Payload()))[0].payload.writes == ()
+
+
+def test_writes_past_what_the_stitcher_holds_are_counted_not_kept():
+    s = Stitcher(RouteMapper([], True, 500), max_writes=2)
+    for i in range(5):
+        s.on_beat(Beat((1, 2, 3, 0), Write(i, 1, b"x")))
+    assert s.writes_dropped == 3
+    (r,) = s.on_exchange(exchange(tgid=1, fd=2, start_ns=3, payload=Payload(writes_total=5)))
+    assert len(r.payload.writes) == 2
