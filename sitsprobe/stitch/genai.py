@@ -148,8 +148,9 @@ def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bo
     kind = _kind(head, pieces, shape, asked_stream, status)
     if kind == "json":
         return _whole(req, p, shape, g, head, status, pieces)
-    g, ended = _stream(shape, g, pieces, kind, status)
-    g, unsure = _unseen_events(g, p, pieces, kind, shape)
+    events = _events(pieces, kind)
+    g, ended = _stream(shape, g, events, status)
+    g, unsure = _unseen_events(g, p, events, kind, shape)
     tail = _tail_text(p.response_tail)
     approximate = p.writes_total > len(p.writes) or unsure
     sure = not approximate and g.error_type is None and (ended or chunks_ended or b"[DONE]" in tail)
@@ -161,7 +162,7 @@ def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bo
     return g
 
 
-def _unseen_events(g: GenAI, p: Payload, pieces: list[_Piece], kind: str,
+def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: str,
                    shape: Shape) -> tuple[GenAI, bool]:
     """``g`` with the events of writes longer than their peek that the peek
     did not show, and whether any count is still unsure. The kernel counts
@@ -176,7 +177,7 @@ def _unseen_events(g: GenAI, p: Payload, pieces: list[_Piece], kind: str,
         return g, False
     seen: dict[int, int] = {}  # write time -> events whose start it showed
     done_seen = False
-    for ts, data in _events(pieces, kind):
+    for ts, data in events:
         seen[ts] = seen.get(ts, 0) + 1
         done_seen = done_seen or data == b"[DONE]"
     unsure, extra, content, first, last = False, 0, 0, g.first_token_ns, g.last_token_ns
@@ -356,12 +357,11 @@ def _events(pieces: list[_Piece], kind: str) -> list[tuple[int, bytes]]:
     return out
 
 
-def _stream(shape: Shape, g: GenAI, pieces: list[_Piece], kind: str, status):
+def _stream(shape: Shape, g: GenAI, events: list[tuple[int, bytes]], status):
     """``g`` with what the stream's events say, and whether its end was seen."""
     times, content_at, finish, error = [], [], [], None
     model = inputs = outputs = None
     done = False
-    events = _events(pieces, kind)
     closing = len(events) - CLOSING_PARSED
     for i, (ts, data) in enumerate(events):
         if data == b"[DONE]":
