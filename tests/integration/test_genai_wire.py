@@ -51,14 +51,14 @@ class TransformersServe(Owned):
             return False
 
 
-def drive(base_url: str, model: str, rounds: int = 2, max_tokens: int = 8) -> list[dict]:
+def drive(base_url: str, model: str, rounds: int = 2, max_tokens: int = 8, **params) -> list[dict]:
     """Streaming (with and without usage) and plain requests; what the client saw of each."""
     client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
     seen = []
     for i in range(rounds):
         for prompt in PROMPTS:
             messages = [{"role": "user", "content": prompt}]
-            r = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens)
+            r = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, **params)
             seen.append({"stream": False, "model": r.model, "usage": r.usage,
                          "finish": r.choices[0].finish_reason})
             for usage in (True, False):
@@ -66,7 +66,7 @@ def drive(base_url: str, model: str, rounds: int = 2, max_tokens: int = 8) -> li
                 ttft, chunks, content, last, finish = None, 0, 0, None, None
                 extra = {"stream_options": {"include_usage": True}} if usage else {}
                 for ch in client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
-                                                         stream=True, **extra):
+                                                         stream=True, **extra, **params):
                     chunks += 1
                     last = ch
                     finish = finish or next((c.finish_reason for c in ch.choices if c.finish_reason), None)
@@ -143,7 +143,8 @@ def test_the_wire_and_the_markers_agree_on_the_reference_engine(tmp_path):
         try:
             with running_agent(d / "agent", {"pids": [engine.pid], "cmdline": []}, {}, {}) as agent:
                 wait_until(functools.partial(agent.tracks, engine.pid), 15, "the agent to track the engine")
-                seen = drive(f"{engine.url}/v1", "sitsprobe-tiny-gpt", rounds=1)
+                seen = drive(f"{engine.url}/v1", "sitsprobe-tiny-gpt", rounds=1,
+                             temperature=0)  # greedy: a sampled EOS first would leave nothing to count
                 spans = [s["attrs"] for s in genai_spans(agent, engine.port, len(seen))]
                 files[mode] = agent.traces.path
         finally:
