@@ -21,6 +21,16 @@
 
 #define AF_INET_ 2
 #define AF_INET6_ 10
+#define EINPROGRESS_ 115
+
+/* ::ffff:a.b.c.d */
+static __always_inline int is_v4_mapped(const __u8 *a)
+{
+    for (int i = 0; i < 10; i++)
+        if (a[i])
+            return 0;
+    return a[10] == 0xff && a[11] == 0xff;
+}
 
 struct uiovec {
     __u64 base;
@@ -41,15 +51,20 @@ BPF_TABLE("lru_hash", __u32, __u64, runq, 65536); /* tid -> ns it waited to run,
 BPF_TABLE("lru_hash", __u32, __u64, rwaits, 65536); /* tid -> ns in other reads (OTHER_READ) */
 BPF_TABLE("lru_hash", __u32, __u64, cwaits, 65536); /* ... of those, reads of a Redis reply */
 BPF_HASH(bodies, __u64, struct body, MAX_BODIES); /* keyed like conns, for CF_BODY exchanges */
+BPF_TABLE("lru_hash", __u32, struct serving, serving, 16384); /* tid -> the server exchange it serves */
+BPF_TABLE("lru_hash", __u32, struct serving, serving_proc, 4096); /* tgid -> its latest server exchange */
+BPF_HASH(clients, struct tuple, __u64, MAX_CONNS); /* a tracked TCP client connection's tuple -> its key */
 BPF_PERCPU_ARRAY(zero_body, struct body, 1);
 BPF_ARRAY(beat_layout, struct beat, 1);   /* never used: gives userspace struct beat's layout */
 struct scan_buf {
     __u8 b[SCAN_CHUNK + 16];
 };
 BPF_PERCPU_ARRAY(scan_bufs, struct scan_buf, 1);
-BPF_PROG_ARRAY(scan_prog, 2); /* tail calls: 0 scan_head, 1 send_beat */
+BPF_PROG_ARRAY(scan_prog, 3); /* tail calls: 0 scan_head, 1 send_beat, 2 send_chunk */
 BPF_RINGBUF_OUTPUT(exchanges, RINGBUF_PAGES);
 BPF_RINGBUF_OUTPUT(notices, 64);
+BPF_RINGBUF_OUTPUT(streams, STREAM_PAGES);
+BPF_PERCPU_ARRAY(chunk_bufs, struct chunk, 1);
 
 static __always_inline void count(int idx)
 {
@@ -106,7 +121,7 @@ static __always_inline int enter(__u32 fd, const void *ptr, __u32 kind)
     __u32 tgid = id >> 32;
     if (!is_tracked(tgid))
         return 0;
-    if (kind != K_ACCEPT) {
+    if (kind != K_ACCEPT && kind != K_CONNECT) {
         __u64 key = conn_key(tgid, fd);
         if (!conns.lookup(&key)) {
             if (kind & SEND) {
@@ -160,6 +175,8 @@ static __always_inline struct body *body_of(struct conn *c)
 static __always_inline void report(struct conn *c, __u8 reason)
 {
     struct conn *e;
+    if (c->flags & CF_CLIENT && !(c->flags & CF_TCP))
+        return; /* a connected UDP socket (a DNS query, most likely) */
     struct body *b = body_of(c);
     if (b) {
         struct conn_body *eb = exchanges.ringbuf_reserve(sizeof(struct conn_body));
@@ -470,8 +487,193 @@ static __always_inline int is_post(const __u8 *r)
     return r[0] == 'P' && r[1] == 'O' && r[2] == 'S' && r[3] == 'T' && r[4] == ' ';
 }
 
-static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 now)
+/* The other end of a connection, as that end's own tuple; an IPv4 peer of a
+ * dual-stack socket has an IPv4 socket of its own. */
+static __always_inline void reverse(const struct tuple *t, struct tuple *p)
 {
+    p->family = t->family;
+    p->lport = t->rport;
+    p->rport = t->lport;
+    const __u8 *l = t->raddr, *r = t->laddr;
+    if (t->family == AF_INET6_ && is_v4_mapped(l) && is_v4_mapped(r)) {
+        p->family = AF_INET_;
+        __builtin_memcpy(p->laddr, l + 12, 4);
+        __builtin_memcpy(p->raddr, r + 12, 4);
+        return;
+    }
+    __builtin_memcpy(p->laddr, l, 16);
+    __builtin_memcpy(p->raddr, r, 16);
+}
+
+/* An exchange begins: what it belongs to (struct conn.link_key). A server
+ * exchange is what its thread (and its process) serves from now on, and is
+ * linked to the traced client connection at its other end, if any. A client
+ * exchange is linked to the server exchange its thread is serving, while
+ * that one is open; from a thread that read no request (a worker pool's),
+ * to its process's latest (CF_BY_PROCESS): userspace checks it was open. */
+static __always_inline void link_exchange(struct conn *c, __u64 key)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    __u32 tid = id, tgid = id >> 32;
+    c->link_key = c->link_start = 0;
+    c->calls = 0;
+    c->flags &= ~CF_BY_PROCESS;
+    if (c->flags & CF_CLIENT) {
+        if (!(c->flags & CF_TCP))
+            return;
+        struct serving *s = serving.lookup(&tid);
+        if (!s) {
+            s = serving_proc.lookup(&tgid);
+            if (s)
+                c->flags |= CF_BY_PROCESS;
+        }
+        struct conn *p = s ? conns.lookup(&s->key) : NULL;
+        if (p && p->start_ns == s->start_ns && p->state != ST_IDLE) {
+            c->link_key = s->key;
+            c->link_start = s->start_ns;
+            p->calls++;
+        }
+        return;
+    }
+    struct serving me = {.key = key, .start_ns = c->start_ns};
+    serving.update(&tid, &me);
+    serving_proc.update(&tgid, &me);
+    if (!OUTGOING || !(c->flags & CF_TUPLE))
+        return;
+    struct tuple peer = {};
+    reverse(&c->t, &peer);
+    __u64 *k = clients.lookup(&peer);
+    struct conn *caller = k ? conns.lookup(k) : NULL;
+    if (caller) {
+        c->link_key = *k;
+        caller->calls++;
+    }
+}
+
+/* v = min(v, most), in a register the compiler may not fold the test away
+ * from (libbpf's barrier_var): the verifier sees the bound on the very
+ * value the helper gets. */
+#define BOUND(v, most)                                   \
+    do {                                                 \
+        asm volatile("" : "=r"(v) : "0"(v));             \
+        if ((v) > (most))                                \
+            (v) = (most);                                \
+        asm volatile("" : "=r"(v) : "0"(v));             \
+    } while (0)
+
+/* "PRI * HTTP/2.0\r\n": an HTTP/2 connection with prior knowledge (h2c), or after ALPN */
+static __always_inline int is_h2_preface(const struct conn *c)
+{
+    const __u8 *r = c->req;
+    return c->req_len >= 16 && r[0] == 'P' && r[1] == 'R' && r[2] == 'I' && r[3] == ' ' && r[4] == '*' &&
+           r[5] == ' ' && r[6] == 'H' && r[7] == 'T' && r[8] == 'T' && r[9] == 'P' && r[10] == '/' &&
+           r[11] == '2' && r[12] == '.' && r[13] == '0' && r[14] == '\r' && r[15] == '\n';
+}
+
+/* A server's first write on a new connection is an HTTP/2 SETTINGS frame:
+ * 9-byte header, type 4 on stream 0, a whole number of 6-byte settings. */
+static __always_inline int is_h2_settings(const struct conn *c)
+{
+    const __u8 *r = c->resp;
+    return c->resp_len >= 9 && !(c->flags & CF_SEEDED) && r[0] == 0 && ((r[1] << 8 | r[2]) % 6) == 0 && r[3] == 4 &&
+           (r[4] & ~1) == 0 && r[5] == 0 && r[6] == 0 && r[7] == 0 && r[8] == 0;
+}
+
+/* A read or write (or the close) of an HTTP/2 connection, to go to `streams`
+ * once the syscall's exit is done: `send_chunk`, tail-called, copies its
+ * bytes (a loop over iovec entries the exit program has no room for). */
+struct chunk_state {
+    struct chunk_head h;
+    struct args a;
+    __u8 pending;
+};
+BPF_PERCPU_ARRAY(chunk_states, struct chunk_state, 1);
+
+static __always_inline void want_chunk(struct conn *c, struct args *a, long ret, __u8 dir, __u64 ts)
+{
+    int zero = 0;
+    struct chunk_state *st = chunk_states.lookup(&zero);
+    if (!st)
+        return;
+    st->h.tgid = c->tgid;
+    st->h.fd = c->fd;
+    st->h.ts_ns = ts;
+    st->h.size = ret > 0 ? ret : 0;
+    st->h.flags = c->flags;
+    st->h.dir = dir;
+    st->h.t = c->t;
+    st->a = *a;
+    st->pending = 1;
+}
+
+/* Its first CHUNK_CAP bytes, over the first CHUNK_IOVS iovec entries. */
+int send_chunk(void *ctx)
+{
+    int zero = 0;
+    struct chunk_state *st = chunk_states.lookup(&zero);
+    struct chunk *ch = chunk_bufs.lookup(&zero);
+    if (!st || !ch || !st->pending)
+        return 0;
+    st->pending = 0;
+    ch->h = st->h;
+    struct args *a = &st->a;
+    __u32 off = 0;
+    __u64 left = ch->h.size;
+    __u32 kind = a->kind & 0xff;
+    ch->h.len = 0;
+    if (kind == K_FLAT) {
+        __u64 n = left < CHUNK_CAP ? left : CHUNK_CAP;
+        BOUND(n, CHUNK_CAP);
+        if (n && bpf_probe_read_user(ch->data, n, (void *)a->ptr) == 0)
+            off = ch->h.len = n;
+    } else if (kind == K_IOV || kind == K_MSG) {
+        __u64 iovp = a->ptr, iovlen = CHUNK_IOVS; /* readv/writev: the bytes moved end the walk first */
+        if (kind == K_MSG) { /* struct user_msghdr: msg_iov at 16, msg_iovlen at 24 */
+            bpf_probe_read_user(&iovp, sizeof(iovp), (void *)(a->ptr + 16));
+            bpf_probe_read_user(&iovlen, sizeof(iovlen), (void *)(a->ptr + 24));
+        }
+#pragma unroll
+        for (int i = 0; i < CHUNK_IOVS; i++) {
+            struct uiovec iov = {};
+            if (i >= iovlen || !left || off >= CHUNK_CAP)
+                break;
+            if (bpf_probe_read_user(&iov, sizeof(iov), (void *)(iovp + i * sizeof(iov))))
+                break;
+            __u64 n = iov.len < left ? iov.len : left;
+            if (n > CHUNK_CAP - off)
+                n = CHUNK_CAP - off;
+            BOUND(n, CHUNK_CAP);
+            /* reloaded, so the compiler keeps the mask the verifier needs to see */
+            __u32 at = *(volatile __u16 *)&ch->h.len & (CHUNK_CAP - 1);
+            if (n && bpf_probe_read_user(ch->data + at, n, (void *)iov.base))
+                break;
+            off += n;
+            left -= n;
+            ch->h.len = off;
+        }
+    }
+    __u64 size = sizeof(struct chunk_head) + (off & (2 * CHUNK_CAP - 1));
+    if (size > sizeof(struct chunk))
+        size = sizeof(struct chunk);
+    if (streams.ringbuf_output(ch, size, BPF_RB_NO_WAKEUP))
+        count(C_CHUNKS_LOST);
+    return 0;
+}
+
+/* The connection closed: a chunk with no bytes. */
+static __always_inline void close_chunk(struct conn *c)
+{
+    struct chunk_head h = {.tgid = c->tgid, .fd = c->fd, .ts_ns = bpf_ktime_get_ns(), .flags = c->flags,
+                           .dir = CH_CLOSE, .t = c->t};
+    if (streams.ringbuf_output(&h, sizeof(h), BPF_RB_NO_WAKEUP))
+        count(C_CHUNKS_LOST);
+}
+
+/* Request bytes: read by a server, written by a client (from `t`, the
+ * read's return or the write's start). */
+static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 t)
+{
+    __u64 now = t;
     /* after only "100 Continue" the client sends the body: the same request */
     if (c->state == ST_RESPONDING && !(c->flags & CF_INTERIM)) {
         report(c, END_NEXT);
@@ -497,8 +699,13 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         c->req_len = 0;
         if (buf && n > 0 && bpf_probe_read_user(c->req, n, (void *)buf) == 0)
             c->req_len = n;
+        if (is_h2_preface(c)) { /* no exchanges: its bytes go to `streams` from here on */
+            c->flags |= CF_STREAM;
+            return;
+        }
         __u64 key = conn_key(tgid, c->fd);
-        if (GENAI && c->req_len >= 5 && is_post(c->req))
+        link_exchange(c, key);
+        if (GENAI && c->req_len >= 5 && is_post(c->req) && !(c->flags & CF_CLIENT))
             start_body(c, key, all <= REQ_CAP);
         if (buf && all > REQ_CAP)
             want_scan(key, buf, all);
@@ -520,8 +727,12 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
     c->last_in_ns = now;
 }
 
-static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 now)
+/* Response bytes: written by a server (`t` is the write's start), read by
+ * a client (`t` is the read's return). */
+static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 t,
+                                    __u64 now)
 {
+    int client = c->flags & CF_CLIENT;
     __u64 len = 0, buf = first_buffer(a, &len);
     __u16 status = status_sent(a, ret);
     int final = is_final(status);
@@ -537,7 +748,7 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
     }
     if (c->state != ST_RESPONDING) {
         if (c->state == ST_IDLE) { /* the server spoke first, or we missed the request */
-            c->start_ns = a->enter_ns;
+            c->start_ns = t;
             c->send_ns = c->runq_ns = c->rwait_ns = c->cwait_ns = 0;
             c->runq_tid = bpf_get_current_pid_tgid();
             c->runq_start = runq_now();
@@ -553,20 +764,25 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
         c->resp_len = 0;
         if (buf && n > 0 && bpf_probe_read_user(c->resp, n, (void *)buf) == 0)
             c->resp_len = n;
-        c->first_out_ns = a->enter_ns;
+        if (c->state == ST_IDLE && !client && !c->bytes_in && is_h2_settings(c)) {
+            c->flags |= CF_STREAM; /* an HTTP/2 server that speaks first (gRPC's SETTINGS) */
+            return;
+        }
+        c->first_out_ns = t;
         c->bytes_out = 0;
         c->state = ST_RESPONDING;
     }
     if (final) {
         c->status = status;
         c->flags &= ~CF_INTERIM;
-        count_status(tgid, status);
+        if (!client)
+            count_status(tgid, status);
     } else if (status && !c->status) {
         c->flags |= CF_INTERIM;
     }
     /* chunked terminator "0\r\n\r\n" at the end of a flat write */
     __u8 tail[5] = {};
-    if (a->kind == (K_FLAT | SEND) && ret >= 5 &&
+    if ((a->kind & 0xff) == K_FLAT && ret >= 5 &&
         bpf_probe_read_user(tail, sizeof(tail), (void *)(buf + ret - 5)) == 0 &&
         tail[0] == '0' && tail[1] == '\r' && tail[2] == '\n' && tail[3] == '\r' && tail[4] == '\n')
         c->flags |= CF_CHUNK_END;
@@ -579,8 +795,9 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
             tail_append(b->resp_tail, &b->resp_tail_pos, buf, ret < len ? ret : len);
     }
     c->bytes_out += ret;
-    c->last_out_ns = a->enter_ns;
-    c->send_ns += now - a->enter_ns;
+    c->last_out_ns = t;
+    if (!client)
+        c->send_ns += now - a->enter_ns;
     if (c->runq_tid == (__u32)bpf_get_current_pid_tgid()) {
         c->runq_ns = runq_now() - c->runq_start;
         c->rwait_ns = rwait_now() - c->rwait_start;
@@ -588,7 +805,9 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
     }
 }
 
-static __always_inline void on_accept(struct args *a, __u32 tgid, long fd)
+/* A connection to follow: accepted (its peer's address in the sockaddr
+ * accept wrote) or opened (the address connect was given). */
+static __always_inline void new_conn(struct args *a, __u32 tgid, long fd, __u16 flags)
 {
     __u64 key = conn_key(tgid, fd);
     int zero = 0;
@@ -607,6 +826,7 @@ static __always_inline void on_accept(struct args *a, __u32 tgid, long fd)
         return;
     c->tgid = tgid;
     c->fd = fd;
+    c->flags = flags;
     bpf_get_current_comm(&c->comm, sizeof(c->comm));
     if (!a->ptr)
         return;
@@ -623,6 +843,37 @@ static __always_inline void on_accept(struct args *a, __u32 tgid, long fd)
     c->t.rport = ntohs(c->t.rport);
 }
 
+/* A read of anything but a connection the thread serves: timed, and when
+ * its reply begins like a Redis one, timed as a cache look-up too. */
+static __always_inline void time_read(struct args *a, __u64 id)
+{
+    __u32 tid = id;
+    __u64 took = bpf_ktime_get_ns() - a->enter_ns, len = 0, buf = first_buffer(a, &len);
+    __u8 first = 0;
+    __u64 *total = rwaits.lookup(&tid);
+    if (total)
+        *total += took;
+    else
+        rwaits.update(&tid, &took);
+    if (buf && bpf_probe_read_user(&first, 1, (void *)buf) == 0 && is_resp_reply(first)) {
+        total = cwaits.lookup(&tid);
+        if (total)
+            *total += took;
+        else
+            cwaits.update(&tid, &took);
+    }
+}
+
+/* connect() on an IP socket, done or in progress: followed as a client. */
+static __always_inline void on_connect(struct args *a, __u32 tgid)
+{
+    __u16 family = 0;
+    if (!OUTGOING || bpf_probe_read_user(&family, sizeof(family), (void *)a->ptr) ||
+        (family != AF_INET_ && family != AF_INET6_))
+        return;
+    new_conn(a, tgid, a->fd, CF_CLIENT);
+}
+
 /* Exit half: the syscall's result decides what happened. */
 static __always_inline int leave(void *ctx, long ret)
 {
@@ -631,28 +882,19 @@ static __always_inline int leave(void *ctx, long ret)
     struct args *a = inflight.lookup(&id);
     if (!a)
         return 0;
+    if (a->kind == K_CONNECT) {
+        if (ret == 0 || ret == -EINPROGRESS_)
+            on_connect(a, tgid);
+        goto out;
+    }
     if (ret <= 0)
         goto out;
     if (a->kind == K_ACCEPT) {
-        on_accept(a, tgid, ret);
+        new_conn(a, tgid, ret, 0);
         goto out;
     }
     if (a->kind & OTHER_READ) {
-        __u32 tid = id;
-        __u64 took = bpf_ktime_get_ns() - a->enter_ns, len = 0, buf = first_buffer(a, &len);
-        __u8 first = 0;
-        __u64 *total = rwaits.lookup(&tid);
-        if (total)
-            *total += took;
-        else
-            rwaits.update(&tid, &took);
-        if (buf && bpf_probe_read_user(&first, 1, (void *)buf) == 0 && is_resp_reply(first)) {
-            total = cwaits.lookup(&tid);
-            if (total)
-                *total += took;
-            else
-                cwaits.update(&tid, &took);
-        }
+        time_read(a, id);
         goto out;
     }
     if (a->kind & UNTRACKED) {
@@ -665,12 +907,28 @@ static __always_inline int leave(void *ctx, long ret)
         goto out;
     /* Userspace reads this entry while we write it (the idle flush): the
      * count is odd during the update, and moves on every update. */
+    __u64 now = bpf_ktime_get_ns();
+    __u8 dir = a->kind & SEND ? CH_OUT : CH_IN;
+    if (c->flags & CF_STREAM) {
+        want_chunk(c, a, ret, dir, dir == CH_OUT ? a->enter_ns : now);
+        goto out;
+    }
     __sync_fetch_and_add(&c->seq, 1);
-    if (a->kind & SEND)
-        on_send(c, a, tgid, ret, bpf_ktime_get_ns());
-    else
-        on_recv(c, a, tgid, ret, bpf_ktime_get_ns());
+    if (!(c->flags & CF_CLIENT)) {
+        if (a->kind & SEND)
+            on_send(c, a, tgid, ret, a->enter_ns, now);
+        else
+            on_recv(c, a, tgid, ret, now);
+    } else if (a->kind & SEND) {
+        on_recv(c, a, tgid, ret, a->enter_ns);
+    } else {
+        on_send(c, a, tgid, ret, now, now);
+        if (READ_WAITS) /* waiting on a dependency, as reads of other things are */
+            time_read(a, id);
+    }
     __sync_fetch_and_add(&c->seq, 1);
+    if (c->flags & CF_STREAM) /* its preface, just seen */
+        want_chunk(c, a, ret, dir, dir == CH_OUT ? a->enter_ns : now);
 out:
     inflight.delete(&id);
     int zero = 0;
@@ -684,6 +942,12 @@ out:
         scan_prog.call(ctx, 1); /* send_beat */
         bs->n = 0;
         count(C_WRITES_LOST);
+    }
+    struct chunk_state *cs = chunk_states.lookup(&zero);
+    if (cs && cs->pending) {
+        scan_prog.call(ctx, 2); /* send_chunk */
+        cs->pending = 0;
+        count(C_CHUNKS_LOST);
     }
     return 0;
 }
@@ -716,13 +980,16 @@ static __always_inline int leave_accept(void *ctx, long ret)
     struct args none = {.kind = K_ACCEPT};
     if (ret < 0 || inflight.lookup(&id) || !is_tracked(id >> 32))
         return leave(ctx, ret);
-    on_accept(&none, id >> 32, ret);
+    new_conn(&none, id >> 32, ret, 0);
     return 0;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_accept) { return leave_accept(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_accept4) { return enter(args->fd, args->upeer_sockaddr, K_ACCEPT); }
 TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { return leave_accept(args, args->ret); }
+
+TRACEPOINT_PROBE(syscalls, sys_enter_connect) { return enter(args->fd, args->uservaddr, K_CONNECT); }
+TRACEPOINT_PROBE(syscalls, sys_exit_connect) { return leave(args, args->ret); }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_close)
 {
@@ -737,6 +1004,10 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
     }
     if (c->state != ST_IDLE)
         report(c, END_CLOSE);
+    if (c->flags & CF_STREAM)
+        close_chunk(c);
+    if (c->flags & CF_CLIENT && c->flags & CF_TUPLE)
+        clients.delete(&c->t);
     conns.delete(&key);
     bodies.delete(&key);
     return 0;
@@ -763,6 +1034,10 @@ static __always_inline void learn_sock(__u64 sk)
     if (t) {
         c->t = *t;
         c->flags |= CF_TUPLE;
+        if (OUTGOING && c->flags & CF_CLIENT && c->flags & CF_TCP) { /* tcp_sendmsg ran first */
+            __u64 key = conn_key(c->tgid, c->fd);
+            clients.update(&c->t, &key);
+        }
     }
 }
 

@@ -17,6 +17,9 @@
  *   MAX_WRITES           response writes of one exchange reported one by one
  *   MAX_BODIES           POST exchanges in progress whose payload is kept at once
  *   RUNQ                 1: time tracked processes' threads wait to run (sched tracepoints)
+ *   OUTGOING             1: follow the TCP connections tracked processes open (connect)
+ *   CHUNK_CAP            bytes of each read and write of an HTTP/2 connection copied (power of two)
+ *   STREAM_PAGES         `streams` ring buffer size in pages (power of two)
  *   READ_WAITS           1: time tracked threads spend in reads of anything but their
  *                        tracked connections (files, pipes, a dependency's socket),
  *                        and of those, in reads of a Redis reply
@@ -71,6 +74,16 @@
 #ifndef READ_WAITS
 #define READ_WAITS 1
 #endif
+#ifndef OUTGOING
+#define OUTGOING 1
+#endif
+#ifndef CHUNK_CAP
+#define CHUNK_CAP 4096
+#endif
+#ifndef STREAM_PAGES
+#define STREAM_PAGES 4096
+#endif
+#define CHUNK_IOVS 16 /* iovec entries of a vectored call copied, at most (gRPC writes many) */
 
 #define MAX_OVERFLOW 65536 /* connections the full conns table could not take, still counted */
 #define SCAN_CHUNK 256     /* HEAD_SCAN is searched this many bytes at a time */
@@ -94,6 +107,9 @@ enum conn_state {
 #define CF_INTERIM 0x20   /* only an interim (1xx) response has been sent so far */
 #define CF_BODY 0x40      /* a POST: its payload pieces are kept in `bodies` (struct body) */
 #define CF_BODY_NEXT 0x80 /* the request's next read begins where the captured bytes end */
+#define CF_CLIENT 0x100   /* the process opened it (connect): it sends the requests, reads the responses */
+#define CF_BY_PROCESS 0x200 /* link_key: the process's latest server exchange; the thread served none */
+#define CF_STREAM 0x400   /* HTTP/2 (its preface was seen): its bytes go to `streams`, struct chunk */
 
 /* struct exchange_event.reason: why the exchange was reported */
 enum end_reason {
@@ -114,7 +130,8 @@ enum counter {
     C_UNCOUNTED = 5,      /* connections neither tracked nor counted: overflow map full too */
     C_BODIES_FULL = 6,    /* POST exchanges whose payload was not kept: bodies map full */
     C_WRITES_LOST = 7,    /* response write events lost: ring buffer full */
-    C_COUNTERS = 8,
+    C_CHUNKS_LOST = 8,    /* HTTP/2 connection bytes lost: streams ring full */
+    C_COUNTERS = 9,
 };
 
 struct tuple {
@@ -139,8 +156,8 @@ struct conn {
     __u64 sk; /* struct sock *, for the tuple lookup */
     struct tuple t;
     __u8 state;
-    __u8 flags;
     __u8 reason; /* enum end_reason, set on the reported copy */
+    __u16 flags;
     char comm[16];
     __u16 status;   /* HTTP/1.x status of the response, 0 if none began with a status line */
     __u16 pipeline; /* responses already reported since this run of reads began */
@@ -157,6 +174,13 @@ struct conn {
     __u64 rwait_ns;     /* ... and its growth by the last write */
     __u64 cwait_start;  /* of those reads, the ones of a Redis (RESP) reply: a cache look-up */
     __u64 cwait_ns;
+    /* What this exchange belongs to, as far as the kernel can tell (0: nothing).
+     * A client exchange: the server exchange (conn key, start_ns) its thread was
+     * serving when it began. A server exchange: the traced client connection at
+     * the other end of this one (its conn key; link_start 0). */
+    __u64 link_key;
+    __u64 link_start;
+    __u32 calls; /* exchanges linked to this one so far: its outgoing calls, or a traced callee's */
     __u8 req[REQ_CAP];
     __u8 resp[RESP_CAP];
     __u8 tp[TP_CAP]; /* what followed the header name, up to the line end or TP_CAP */
@@ -205,7 +229,7 @@ _Static_assert(sizeof(struct beat) != sizeof(struct conn),
 
 /* How a syscall passes its buffer: the low bits of struct args.kind. Userspace
  * writes these too, for reads that began before the agent (NetProbe.adopt_reads). */
-enum call_kind { K_FLAT = 1, K_IOV = 2, K_MSG = 3, K_NOCOPY = 4, K_ACCEPT = 5 };
+enum call_kind { K_FLAT = 1, K_IOV = 2, K_MSG = 3, K_NOCOPY = 4, K_ACCEPT = 5, K_CONNECT = 6 };
 #define SEND 0x100      /* or-ed into args.kind: the call writes */
 #define UNTRACKED 0x200 /* or-ed into args.kind: a send on a connection in `overflow` */
 #define OTHER_READ 0x400 /* or-ed into args.kind: a read of anything but a tracked connection */
@@ -217,6 +241,33 @@ struct args {
     __u64 enter_ns;
     __u32 fd;
     __u32 kind;
+};
+
+/* The bytes of one read or write (or the close) of an HTTP/2 connection
+ * (CF_STREAM), on the `streams` ring: userspace frames them
+ * (sitsprobe/stitch/protocols/http2.py). The first `len` of `size` bytes
+ * are copied; the ring record ends there. The second half of data is
+ * room the verifier asks for. */
+enum chunk_dir { CH_IN = 1, CH_OUT = 2, CH_CLOSE = 3 };
+struct chunk_head {
+    __u32 tgid;
+    __u32 fd;
+    __u64 ts_ns; /* a read's return, a write's start */
+    __u32 size;  /* bytes the call moved */
+    __u16 len;   /* of those, copied into data */
+    __u16 flags; /* the conn's: CF_CLIENT, CF_TUPLE */
+    __u8 dir;    /* enum chunk_dir: in = the process read them */
+    struct tuple t;
+};
+struct chunk {
+    struct chunk_head h;
+    __u8 data[2 * CHUNK_CAP];
+};
+
+/* The server exchange a thread is serving: the `serving` map, by thread id. */
+struct serving {
+    __u64 key;      /* its conn key */
+    __u64 start_ns; /* its conn.start_ns */
 };
 
 /* N_LISTEN: a process began listening on a selected port (`ports`): the

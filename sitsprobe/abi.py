@@ -27,24 +27,27 @@ ST_IDLE, ST_READING, ST_RESPONDING = 0, 1, 2
 
 # struct conn.flags
 CF_TUPLE, CF_TCP, CF_CHUNK_END, CF_SEEDED, CF_MISSED, CF_INTERIM = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
-CF_BODY, CF_BODY_NEXT = 0x40, 0x80
+CF_BODY, CF_BODY_NEXT, CF_CLIENT, CF_BY_PROCESS, CF_STREAM = 0x40, 0x80, 0x100, 0x200, 0x400
 
 # enum end_reason: struct exchange_event.reason (END_FLUSH and END_EXIT: userspace only)
 END_NEXT, END_CLOSE, END_FLUSH, END_EXIT, END_RESPONSE = 1, 2, 3, 4, 5
 
 # enum counter: index into the `counters` per-CPU array
 (C_EXCHANGES, C_LOST, C_CONN_OVERFLOW, C_NOTICES_LOST, C_INFLIGHT_LOST, C_UNCOUNTED,
- C_BODIES_FULL, C_WRITES_LOST) = range(8)
-C_COUNTERS = 8
+ C_BODIES_FULL, C_WRITES_LOST, C_CHUNKS_LOST) = range(9)
+C_COUNTERS = 9
 NET_COUNTERS = _in_order({
     C_EXCHANGES: "exchanges", C_LOST: "lost", C_CONN_OVERFLOW: "conn_overflow",
     C_NOTICES_LOST: "notices_lost", C_INFLIGHT_LOST: "inflight_lost", C_UNCOUNTED: "uncounted",
-    C_BODIES_FULL: "bodies_full", C_WRITES_LOST: "writes_lost",
+    C_BODIES_FULL: "bodies_full", C_WRITES_LOST: "writes_lost", C_CHUNKS_LOST: "chunks_lost",
 }, C_COUNTERS)
 
 # enum call_kind: struct args.kind (the `inflight` map), with SEND and UNTRACKED or-ed in
-K_FLAT, K_IOV, K_MSG, K_NOCOPY, K_ACCEPT = 1, 2, 3, 4, 5
+K_FLAT, K_IOV, K_MSG, K_NOCOPY, K_ACCEPT, K_CONNECT = 1, 2, 3, 4, 5, 6
 SEND, UNTRACKED, OTHER_READ = 0x100, 0x200, 0x400
+
+# enum chunk_dir: struct chunk.dir
+CH_IN, CH_OUT, CH_CLOSE = 1, 2, 3
 
 # enum notice_kind: struct notice.kind
 N_EXEC, N_EXIT, N_LISTEN = 1, 2, 3

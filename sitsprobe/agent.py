@@ -14,23 +14,31 @@ from .clock import WallClock
 from .config import Config
 from .containers import Container, container_of
 from .errors import ProbeAttachError, SitsprobeError
-from .events import Exchange, MarkerEvent, ProcessNotice
+from .events import Chunk, Exchange, MarkerEvent, ProcessNotice
 from .export import otlp_settings
 from .export.otlp import TraceExporter, within
-from .export.prom import KernelMetrics, RequestMetrics, SignalAccounting, SpanAccounting, serve
-from .losses import LossLog, loss_totals
-from .request import Request
-from .routes import RouteMapper
-from .sampling import TraceSampler
-from .stitch.engine import EngineJoin
+from .export.prom import (
+    KernelMetrics,
+    RequestMetrics,
+    SignalAccounting,
+    SpanAccounting,
+    serve,
+)
 from .export.semconv import span_attributes
+from .losses import LossLog, loss_totals
 from .report.recent import Recent
 from .report.records import RequestRecord
 from .report.tables import kept_attributes
+from .request import Request
+from .routes import RouteMapper
+from .sampling import TraceSampler
 from .stitch import genai
+from .stitch.engine import EngineJoin
 from .stitch.exchange import Stitcher, enrich, exited
-from .stitch.segments import StageSegments, segments
+from .stitch.join import Joiner, Trace
+from .stitch.streams import StreamStitcher
 from .stitch.protocols import resp
+from .stitch.segments import StageSegments, segments
 
 log = logging.getLogger("sitsprobe")
 
@@ -55,9 +63,10 @@ class Agent:
         self.clock = WallClock()
         self.metrics = RequestMetrics()
         self.sampler = TraceSampler(config.traces.max_per_second, config.traces.keep_slowest)
-        self.stitcher = Stitcher(
-            RouteMapper(list(config.routes.templates), config.routes.collapse_ids,
-                        config.routes.max_routes), writes_per_exchange=config.capture.max_writes)
+        self.joiner = Joiner(config.stitch.join_wait_ms * 1_000_000)
+        routes = RouteMapper(list(config.routes.templates), config.routes.collapse_ids, config.routes.max_routes)
+        self.stitcher = Stitcher(routes, writes_per_exchange=config.capture.max_writes)
+        self.streams = StreamStitcher(routes, lambda pid: self.tracked.get(pid, "?"))
         self.engine = EngineJoin(config.engine.join_wait_ms * 1_000_000)
         self.recent = Recent(config.report.recent_requests) if config.report.recent_requests else None
         self._report_keep = kept_attributes(config.report.windows)
@@ -129,10 +138,12 @@ class Agent:
                    max_connections=self.config.stitch.max_connections,
                    ring_buffer_mib=self.config.ring_buffer_mib, tcp_sendmsg=tcp_hook,
                    run_queue=run_queue, read_waits=self.config.stitch.read_waits,
+                   outgoing=self.config.stitch.outgoing, stream_bytes=cap.stream_bytes,
                    genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,
                    write_peek_bytes=cap.write_peek_bytes, max_writes=cap.max_writes,
                    max_payloads=cap.max_payloads),
-            self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat)
+            self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat,
+            self._on_chunk)
         if self.config.engine.markers:
             from .probes.markers import MarkerProbe
             self.markers = MarkerProbe(None, self._on_marker)
@@ -174,6 +185,7 @@ class Agent:
 
     def heatmap_png(self) -> bytes:
         import io
+
         from .cache import render_png
         buf = io.BytesIO()
         render_png(self.cache_stats, buf, clock=self.clock)
@@ -291,6 +303,8 @@ class Agent:
         for ex in self.probe.forget(pid):
             self._take(ex, self.stitcher.on_flush(exited(ex), final=True))
         self.stitcher.forget(pid)
+        self._emit(self.streams.forget(pid, time.monotonic_ns()))
+        self.joiner.forget(pid)
         self._fold_counts(pid)
         self.exporter.close_process(pid)
         if comm is not None:
@@ -381,6 +395,9 @@ class Agent:
         if ev.kind == "cache_get" and self.cache_stats is not None:
             self.cache_stats.add(ev.name, ev.key, bool(ev.hit), ev.ts_ns)
 
+    def _on_chunk(self, ch: Chunk) -> None:
+        self._emit(self.streams.on_chunk(ch))
+
     def _on_exchange(self, ex: Exchange) -> None:
         self._take(ex, self.stitcher.on_exchange(ex))
 
@@ -445,8 +462,13 @@ class Agent:
                 self._remember(r)
             self.requests_seen += 1
             self.metrics.observe(r)
-            for chosen in self.sampler.offer(r, now):
-                self.exporter.export(self._enrich(chosen))
+            self._send(self.joiner.add(r, now), now)
+
+    def _send(self, traces: list[Trace], now: int) -> None:
+        """Joined traces to the sampler; the late parts of ones it let out, out."""
+        for t in traces:
+            for chosen in (t,) if t.late else self.sampler.offer(t, now):
+                self.exporter.export_trace(chosen, self._enrich)
 
     def _flush(self, everything: bool = False) -> dict[int, float]:
         """Report responses whose framing says they are done (with
@@ -480,8 +502,9 @@ class Agent:
                 self._engine_tick(time.monotonic_ns())
                 if self.gpu is not None:
                     self.gpu.tick(list(self.tracked), self._demand(in_flight))
-                for r in self.sampler.flush(time.monotonic_ns()):
-                    self.exporter.export(self._enrich(r))
+                self._send(self.joiner.expire(time.monotonic_ns()), time.monotonic_ns())
+                for t in self.sampler.flush(time.monotonic_ns()):
+                    self.exporter.export_trace(t, self._enrich)
                 self.losses.tick(now)  # a loss said as it starts, lasts and stops
                 next_flush = now + flush_every
             if now >= next_rescan:
@@ -518,9 +541,11 @@ class Agent:
             if self.probe is not None:
                 self.probe.poll(0)
                 self._flush(everything=True)
+                self._emit(self.streams.close_all(time.monotonic_ns()))
                 self._engine_tick(time.monotonic_ns(), everything=True)
-                for r in self.sampler.flush():
-                    self.exporter.export(self._enrich(r))
+                self._send(self.joiner.expire(time.monotonic_ns(), everything=True), time.monotonic_ns())
+                for t in self.sampler.flush():
+                    self.exporter.export_trace(t, self._enrich)
                 self.losses.finish()  # the totals, if anything was lost
             # the metrics' last export reads the probes' maps: before they go, in half the time left
             half = time.monotonic() + max(0.0, deadline - time.monotonic()) / 2

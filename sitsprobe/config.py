@@ -42,6 +42,7 @@ class Capture:
     write_peek_bytes: int
     max_writes: int
     max_payloads: int
+    stream_bytes: int
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class Stitch:
     max_connections: int
     run_queue: bool
     read_waits: bool
+    outgoing: bool
+    join_wait_ms: int
 
 
 @dataclass(frozen=True)
@@ -354,11 +357,14 @@ _RULES: dict[str, Rule] = {
     "capture.write_peek_bytes": _int(16, 1024),
     "capture.max_writes": _int(1, 1048576),
     "capture.max_payloads": _int(16, 1048576),
+    "capture.stream_bytes": _int(256, 16384, pow2=True),
     "ring_buffer_mib": _int(1, 1024, pow2=True),
     "stitch.flush_interval_ms": _int(10, 60000),
     "stitch.max_connections": _int(64, 1048576),
     "stitch.run_queue": _BOOL,
     "stitch.read_waits": _BOOL,
+    "stitch.outgoing": _BOOL,
+    "stitch.join_wait_ms": _int(0, 600000),
     "routes.templates": _list(_str('a string starting with "/"', lambda s: s.startswith("/"))),
     "routes.collapse_ids": _BOOL,
     "routes.max_routes": _int(1, 100000),

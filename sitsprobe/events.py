@@ -42,11 +42,28 @@ class Exchange(NamedTuple):
     runq_ns: int = 0  # the serving thread's run-queue wait during the exchange
     read_wait_ns: int = 0  # ... and its time in reads of anything but its tracked connections
     cache_wait_ns: int = 0  # ... of which, reads of a Redis reply
+    link_key: int = 0  # struct conn.link_key: what the exchange belongs to (stitch.join)
+    link_start: int = 0
+    calls: int = 0  # exchanges the kernel linked to this one
 
     @property
     def key(self) -> tuple[int, int, int, int]:
         """Identifies one exchange across the ring and a userspace flush."""
         return (self.tgid, self.fd, self.start_ns, self.pipeline)
+
+
+class Chunk(NamedTuple):
+    """One read or write (or the close) of an HTTP/2 connection (struct chunk)."""
+
+    tgid: int
+    fd: int
+    ts_ns: int
+    dir: int  # CH_IN, CH_OUT, CH_CLOSE
+    size: int  # bytes the call moved; data holds the first of them
+    flags: int  # the connection's (CF_CLIENT)
+    local: Endpoint | None
+    peer: Endpoint | None
+    data: bytes
 
 
 class Beat(NamedTuple):

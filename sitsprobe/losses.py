@@ -29,6 +29,8 @@ ADVICE = {
                           "those get no gen_ai.* attributes from the wire",
     "write_ring_full": "raise ring_buffer_mib, or lower capture.max_writes: those streams' "
                        "token timings are a floor (sitsprobe.genai.events_approximate)",
+    "stream_ring_full": "HTTP/2 and gRPC bytes the agent did not drain in time: give it more CPU, "
+                        "or lower capture.stream_bytes; those connections' later streams are partial",
     "write_queue_full": "more response write events waited for their exchanges at once than the "
                         "agent holds (a million): give the agent more CPU; those streams' timings "
                         "are a floor",

@@ -25,6 +25,35 @@ class TraceParent:
     flags: int  # 8-bit trace-flags; bit 0 = sampled
 
 
+class Link(NamedTuple):
+    """What the kernel says a request belongs to (sitsprobe.stitch.join): for
+    a client request, the server exchange its thread was serving when it
+    began; for a server request, the traced client connection at the other
+    end of its own (``start_ns`` 0)."""
+
+    pid: int
+    fd: int
+    start_ns: int
+    by_process: bool = False  # the process's latest request: the calling thread read none
+
+
+@dataclass(frozen=True, slots=True)
+class H2:
+    """What an HTTP/2 stream adds to its request (sitsprobe.stitch.protocols.http2);
+    with ``grpc``, the stream is a gRPC call."""
+
+    stream_id: int
+    authority: str | None = None  # :authority
+    scheme: str | None = None  # :scheme
+    grpc: bool = False  # content-type application/grpc*
+    grpc_status: int | None = None  # from the trailers (or a trailers-only response)
+    grpc_message: str | None = None
+    request_messages: int | None = None  # gRPC length-prefixed messages each way; None: not known
+    response_messages: int | None = None
+    flow_control_wait_ns: int = 0  # time the sender waited on a zero flow-control window
+    reset_code: int | None = None  # RST_STREAM error code, if the stream was reset
+
+
 @dataclass(frozen=True, slots=True)
 class Stage:
     """An engine stage (queue, prefill, a decode step, ...) a request went through."""
@@ -138,7 +167,7 @@ class Request(NamedTuple):
     immutable, and built for every request, so cheap to build).
 
     ``protocol`` names the protocol that framed it (sitsprobe.stitch.protocols):
-    ``"http/1.1"``, ``"resp"``; or, for a connection-level exchange with no
+    ``"http/1.1"``, ``"http/2"`` (gRPC too: see ``h2``), ``"resp"``; or, for a connection-level exchange with no
     method, path or status, what it looks like: ``"tls"``, ``"http2"``,
     ``"unknown"``.
     """
@@ -180,6 +209,9 @@ class Request(NamedTuple):
     cache_wait_ns: int = 0  # ... of which, reads of a Redis (RESP) reply: cache look-ups
     segments: tuple[int, int, int, int, int] | None = None  # ns in network, scheduling, compute,
     # io, cache (sitsprobe.stitch.segments): they add up to the duration
+    link: Link | None = None  # what it belongs to, by the kernel's account (stitch.join)
+    h2: H2 | None = None  # an HTTP/2 stream (protocol "http/2"): its stream, gRPC status, messages
+    calls: int = 0  # requests the kernel linked to this one (its outgoing calls; a traced callee)
 
     @property
     def ttft_ns(self) -> int | None:

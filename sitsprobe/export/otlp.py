@@ -15,21 +15,34 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import (Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags,
-                                 TraceState)
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
 from sitsprobe import __version__
 from sitsprobe.clock import WallClock
 from sitsprobe.containers import container_of
 from sitsprobe.request import Request
+from sitsprobe.stitch.join import Span, Trace
 
 from . import otlp_settings
 from .semconv import span_attributes, span_kind, span_name
@@ -86,16 +99,34 @@ class TraceExporter:
                 out.setdefault(b.sink_name, Counts()).add(b.counts())
         return out
 
-    def export(self, req: Request) -> None:
-        parent = trace.set_span_in_context(trace.NonRecordingSpan(_remote_parent(req)))
+    def export_trace(self, t: Trace, enrich: Callable[[Request], Request] = lambda r: r) -> None:
+        """Every span of a joined trace (stitch.join), with the ids it was given."""
+        t.exported = True
+        for s in t.spans:
+            self.export(enrich(s.req), s, t.flags)
+
+    def export(self, req: Request, place: Span | None = None, flags: int = 1) -> None:
+        """One request as a span; with ``place``, under the ids the joiner gave it."""
+        if place is not None and place.parent_id is not None:
+            ctx = SpanContext(place.trace_id, place.parent_id, is_remote=place.via == "connection",
+                              trace_flags=TraceFlags(flags))
+        else:
+            ctx = _remote_parent(req)
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(ctx))
+        attrs = span_attributes(req)
+        if place is not None and place.via is not None:
+            attrs["sitsprobe.parent.inferred"] = place.via
         with self._lock:
             if not self.sinks:
                 return
-            span = self._process(req.pid, req.comm).tracer.start_span(
+            p = self._process(req.pid, req.comm)
+            if place is not None:
+                p.ids.preset(place.trace_id, place.span_id)
+            span = p.tracer.start_span(
                 span_name(req),
                 context=parent,
                 kind=span_kind(req),
-                attributes=span_attributes(req),
+                attributes=attrs,
                 start_time=self._clock.to_wall_ns(req.start_ns),
             )
             if req.is_error:
@@ -181,12 +212,14 @@ class TraceExporter:
     def _process(self, pid: int, comm: str) -> _Process:
         key = (pid, comm)
         if key not in self._processes:
-            provider = TracerProvider(resource=self._resource(pid, comm), shutdown_on_exit=False)
+            ids = _PresetIds()
+            provider = TracerProvider(resource=self._resource(pid, comm), shutdown_on_exit=False,
+                                      id_generator=ids)
             batches = [_BoundedBatch(sink, sink_name(sink), self._queue_size) for sink in self.sinks]
             for batch in batches:
                 provider.add_span_processor(batch)
             tracer = provider.get_tracer("sitsprobe", __version__)
-            self._processes[key] = _Process(provider, tracer, batches)
+            self._processes[key] = _Process(provider, tracer, batches, ids)
         return self._processes[key]
 
     def _resource(self, pid: int, comm: str) -> Resource:
@@ -234,11 +267,31 @@ def _remote_parent(req: Request) -> SpanContext:
                        trace_state=state)
 
 
+class _PresetIds(RandomIdGenerator):
+    """Random ids, but the next span's as the joiner chose them (a child
+    may have gone out first, naming this span as its parent)."""
+
+    def __init__(self) -> None:
+        self._trace = self._span = 0
+
+    def preset(self, trace_id: int, span_id: int) -> None:
+        self._trace, self._span = trace_id, span_id
+
+    def generate_span_id(self) -> int:  # asked after the trace id, if that was asked at all
+        span, self._span, self._trace = self._span, 0, 0
+        return span or super().generate_span_id()
+
+    def generate_trace_id(self) -> int:  # asked only for a root
+        tid, self._trace = self._trace, 0
+        return tid or super().generate_trace_id()
+
+
 @dataclass
 class _Process:
     provider: TracerProvider
     tracer: trace.Tracer
     batches: list[_BoundedBatch]
+    ids: _PresetIds
 
 
 @dataclass

@@ -17,7 +17,10 @@ from ..containers import Container
 from ..quantile import histogram_quantile
 from ..request import Request
 from ..stitch.segments import SEGMENTS
-from .semconv import HTTP_DURATION, UNFRAMED_EXCHANGES, is_http, is_unframed
+from .semconv import (DB_CLIENT_DURATION, HTTP_CLIENT_DURATION, HTTP_DURATION, KNOWN_METHODS, OTHER,
+                      RPC_CLIENT_DURATION, RPC_SERVER_DURATION, UNFRAMED_EXCHANGES, grpc_method,
+                      grpc_status_name, is_client, is_grpc, is_http, is_redis, is_unframed,
+                      server_endpoint)
 
 # OpenTelemetry's advice for http.server.request.duration, in seconds
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -38,6 +41,11 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 SEGMENT_BUCKETS = (0.00001, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SLOW_REFRESH = 64  # observations between re-reading a model's p99 duration
+# Labels that come from the traffic, bounded per process (as routes are by
+# RouteMapper's max_routes): past this many distinct values, the rest fold.
+MAX_SERVERS = 64  # (server_address, server_port) pairs a client metric keeps; then "_other"
+MAX_METHODS = 256  # gRPC methods, Redis commands; then "_OTHER"
+FOLDED = "_other"
 
 
 class Histograms:
@@ -79,6 +87,32 @@ class Histograms:
         return fam
 
 
+class LabelCap:
+    """At most ``limit`` distinct values per process; past them, ``other``.
+    A value once kept stays kept. Not thread-safe (callers lock)."""
+
+    def __init__(self, limit: int, other):
+        self.limit, self.other = limit, other
+        self._kept: dict[str, set] = {}  # process -> values kept
+
+    def __call__(self, process: str, value):
+        kept = self._kept.get(process)
+        if kept is None:
+            kept = self._kept[process] = set()
+        if value in kept:
+            return value
+        if len(kept) >= self.limit:
+            return self.other
+        kept.add(value)
+        return value
+
+
+def _server_labels(r: Request, cap: LabelCap) -> tuple[str, str]:
+    server = server_endpoint(r)
+    address, port = server if server is not None else ("", None)
+    return cap(r.comm, (address, "" if port is None else str(port)))
+
+
 class RequestMetrics:
     """A Collector over plain dicts: observing a request is a dict lookup and a
     bisect, cheap enough for every request at tens of thousands per second."""
@@ -89,26 +123,67 @@ class RequestMetrics:
             HTTP_DURATION,
             "Duration of HTTP server requests, first byte in to last byte out, seen in the kernel",
             ("process", "method", "route", "status"), DURATION_BUCKETS)
+        servers = f"; server_address/server_port: the first {MAX_SERVERS} pairs a process called, " \
+                  f"the rest {FOLDED}"
+        methods = f"; at most {MAX_METHODS} methods a process, the rest {OTHER}"
+        self._http_client = Histograms(
+            HTTP_CLIENT_DURATION,
+            "Duration of HTTP requests a traced process sent, first byte out to last byte in" + servers,
+            ("process", "method", "server_address", "server_port", "status"), DURATION_BUCKETS)
+        self._rpc_server = Histograms(
+            RPC_SERVER_DURATION,
+            "Duration of gRPC calls served, first byte in to last byte out; status: the gRPC code's "
+            "name" + methods, ("process", "system", "method", "status"), DURATION_BUCKETS)
+        self._rpc_client = Histograms(
+            RPC_CLIENT_DURATION,
+            "Duration of gRPC calls a traced process made, first byte out to last byte in; status: "
+            "the gRPC code's name" + methods, ("process", "system", "method", "status"), DURATION_BUCKETS)
+        self._db_client = Histograms(
+            DB_CLIENT_DURATION,
+            "Duration of Redis commands a traced process sent (operation: the first command of an "
+            "exchange), first byte out to last byte in" + servers
+            + f"; at most {MAX_METHODS} operations a process, the rest {OTHER}",
+            ("process", "system", "operation", "server_address", "server_port"), DURATION_BUCKETS)
+        # each metric's traffic-made labels, bounded per process
+        self._http_servers = LabelCap(MAX_SERVERS, (FOLDED, FOLDED))
+        self._db_servers = LabelCap(MAX_SERVERS, (FOLDED, FOLDED))
+        self._rpc_methods = {"server": LabelCap(MAX_METHODS, OTHER), "client": LabelCap(MAX_METHODS, OTHER)}
+        self._db_operations = LabelCap(MAX_METHODS, OTHER)
         self._bytes: dict[tuple[str, str], list[int]] = {}
         self._unframed: dict[tuple[str, str], int] = {}
         self._segments = Histograms(
             "sitsprobe_request_segment_seconds",
-            "Each request's latency by segment (network, scheduling, compute, io, cache): "
+            "Each served request's latency by segment (network, scheduling, compute, io, cache): "
             "one observation per segment per request, adding up to the request's duration",
             ("process", "segment"), SEGMENT_BUCKETS)
         self._engine = EngineMetrics()
 
     def observe(self, r: Request) -> None:
         with self._lock:
-            if is_http(r):
+            seconds = r.duration_ns / 1e9
+            if is_grpc(r):
+                side = "client" if is_client(r) else "server"
+                method = self._rpc_methods[side](r.comm, grpc_method(r))
+                labels = (r.comm, "grpc", method, grpc_status_name(r.h2.grpc_status) or "")
+                (self._rpc_client if side == "client" else self._rpc_server).observe(labels, seconds)
+            elif is_http(r) and is_client(r):
+                method = r.method if r.method in KNOWN_METHODS else OTHER
+                labels = (r.comm, method, *_server_labels(r, self._http_servers),
+                          str(r.status) if r.status else "")
+                self._http_client.observe(labels, seconds)
+            elif is_http(r):
                 labels = (r.comm, r.method or "_OTHER", r.route or "", str(r.status) if r.status else "")
-                self._http.observe(labels, r.duration_ns / 1e9)
+                self._http.observe(labels, seconds)
+            elif is_redis(r) and is_client(r):
+                operation = self._db_operations(r.comm, r.method or "")
+                labels = (r.comm, "redis", operation, *_server_labels(r, self._db_servers))
+                self._db_client.observe(labels, seconds)
             elif is_unframed(r):
                 key = (r.comm, r.protocol)
                 self._unframed[key] = self._unframed.get(key, 0) + 1
             if r.genai is not None:
                 self._engine.observe(r)
-            if r.segments is not None:
+            if r.segments is not None and not is_client(r):  # a call's time is its caller's segment
                 for name, ns in zip(SEGMENTS, r.segments):
                     self._segments.observe((r.comm, name), ns / 1e9)
             b = self._bytes.get((r.comm, r.protocol))
@@ -147,7 +222,9 @@ class RequestMetrics:
                                        "(tls, http2, unknown): never in the HTTP metrics",
                                        labels=("process", "protocol"))
         with self._lock:
-            families = [self._http.family(), self._segments.family(), *self._engine.families()]
+            families = [self._http.family(), self._http_client.family(), self._rpc_server.family(),
+                        self._rpc_client.family(), self._db_client.family(), self._segments.family(),
+                        *self._engine.families()]
             for (comm, proto), (bin_, bout, n) in self._bytes.items():
                 size_in.add_metric([comm, proto], bin_)
                 size_out.add_metric([comm, proto], bout)
@@ -241,6 +318,7 @@ class KernelMetrics:
     LOSS = {"lost": "ring_buffer_full", "conn_overflow": "connection_table_full",
             "uncounted": "connection_tables_full_uncounted",
             "bodies_full": "payload_table_full", "writes_lost": "write_ring_full",
+            "chunks_lost": "stream_ring_full",
             "writes_unheld": "write_queue_full",
             "notices_lost": "notice_ring_full", "inflight_lost": "inflight_table_full",
             "marker_lost": "marker_ring_full", "marker_batch_ids_dropped": "marker_batch_ids_dropped"}

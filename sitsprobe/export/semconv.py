@@ -2,12 +2,25 @@
 :class:`~sitsprobe.request.Request` of each protocol becomes as a span
 (name, kind, attributes) and which metric it feeds. Exporters carry what
 this decides and decide nothing themselves.
+
+By direction (``Request.direction``) and protocol:
+  server HTTP/1.1, HTTP/2   ``{method} {route}``: http.*, url.scheme/path/query, server.* the
+                            local endpoint, client.* the peer
+  client HTTP/1.1, HTTP/2   ``{method}``: http.*, url.full, server.* the server called (the
+                            :authority, else the peer), never client.*
+  gRPC (``h2.grpc``)        ``pkg.Service/Method``: rpc.*, server.* (server: local; client: the
+                            :authority, else the peer), no http.* or url.*
+  Redis (``resp``)          ``{command}``: db.system.name, db.operation.name; never a key
+  anything else             ``{comm} {protocol} exchange``: sitsprobe.protocol and byte counts
 """
 from __future__ import annotations
 
+import re
+
 from opentelemetry.trace import SpanKind
 
-from ..request import Request
+from ..redact import redact_target
+from ..request import H2, Request
 from ..stitch.protocols import UNFRAMED, http1, resp
 from ..stitch.segments import SEGMENTS
 
@@ -15,31 +28,97 @@ from ..stitch.segments import SEGMENTS
 KNOWN_METHODS = frozenset(
     {"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "QUERY", "TRACE"}
 )
-HTTP_DURATION = "http_server_request_duration_seconds"  # HTTP requests only
+HTTP2 = "http/2"  # Request.protocol of an HTTP/2 stream, a gRPC call's too (Request.h2)
+OTHER = "_OTHER"  # the conventions' value for a method they do not know
+# the metrics' names, as Prometheus spells them
+HTTP_DURATION = "http_server_request_duration_seconds"  # HTTP server requests only
+HTTP_CLIENT_DURATION = "http_client_request_duration_seconds"
+RPC_SERVER_DURATION = "rpc_server_call_duration_seconds"
+RPC_CLIENT_DURATION = "rpc_client_call_duration_seconds"
+DB_CLIENT_DURATION = "db_client_operation_duration_seconds"
 UNFRAMED_EXCHANGES = "sitsprobe_unframed_exchanges"  # by protocol: what no protocol framed
 # a request's latency segments (stitch.segments), seconds, in SEGMENTS order: they add up to its duration
 LATENCY_ATTRIBUTES = tuple(f"sitsprobe.latency.{name}_s" for name in SEGMENTS)
+# gRPC's canonical status codes, by number (grpc/doc/statuscodes.md)
+GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+              "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+              "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+              "UNAUTHENTICATED")
+# the codes the gRPC conventions count as a server span's error; for a client, any code but OK is
+GRPC_SERVER_ERRORS = frozenset({"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL",
+                                "UNAVAILABLE", "DATA_LOSS"})
+
+# a gRPC :path, "/pkg.Service/Method" (the shape stitch.protocols.http2 reads one by)
+_GRPC_PATH = re.compile(r"/([A-Za-z_][\w.]*/[A-Za-z_]\w*)")
 
 Attributes = dict[str, str | int | float | bool | tuple[str, ...]]
 
 
+def is_client(req: Request) -> bool:
+    """The traced process opened the connection and sent the request."""
+    return req.direction == "client"
+
+
+def is_grpc(req: Request) -> bool:
+    return req.protocol == HTTP2 and req.h2 is not None and req.h2.grpc
+
+
 def is_http(req: Request) -> bool:
-    return req.protocol == http1.NAME
+    """An HTTP request (HTTP/1.1, or an HTTP/2 stream that is not a gRPC call)."""
+    return req.protocol == http1.NAME or (req.protocol == HTTP2 and not is_grpc(req))
+
+
+def is_redis(req: Request) -> bool:
+    return req.protocol == resp.NAME
 
 
 def is_unframed(req: Request) -> bool:
     return req.protocol in UNFRAMED
 
 
+def grpc_status_name(code: int | None) -> str | None:
+    """A gRPC status code by its canonical name; an unknown number as its number."""
+    if code is None:
+        return None
+    return GRPC_CODES[code] if 0 <= code < len(GRPC_CODES) else str(code)
+
+
+def grpc_method(req: Request) -> str:
+    """The call's fully-qualified method, ``pkg.Service/Method`` (its :path
+    without the leading slash); OTHER for a path of any other shape."""
+    m = _GRPC_PATH.fullmatch(req.path) if req.path else None
+    return m.group(1) if m else OTHER
+
+
+def server_endpoint(req: Request) -> tuple[str, int | None] | None:
+    """The server's (address, port): for a server request its own endpoint;
+    for a client request the server it called: the HTTP/2 :authority when
+    it was sent (its port, else the peer's), else the peer it connected to."""
+    if not is_client(req):
+        return (req.local.address, req.local.port) if req.local is not None else None
+    peer_port = req.peer.port if req.peer is not None else None
+    authority = req.h2.authority if req.h2 is not None else None
+    if authority:
+        host, port = _split_authority(authority)
+        if host:
+            return host, peer_port if port is None else port
+    return (req.peer.address, peer_port) if req.peer is not None else None
+
+
 def span_kind(req: Request) -> SpanKind:
-    return SpanKind.CLIENT if req.direction == "client" else SpanKind.SERVER
+    return SpanKind.CLIENT if is_client(req) else SpanKind.SERVER
 
 
 def span_name(req: Request) -> str:
+    if is_grpc(req):
+        method = grpc_method(req)
+        return "grpc" if method == OTHER else method  # no method known: {rpc.system.name}
     if is_http(req):
         method = req.method if req.method in KNOWN_METHODS else "HTTP"
+        if is_client(req):  # a client has no route template: {http.request.method}
+            return method
         return f"{method} {req.route or req.path or 'unknown'}"
-    if req.protocol == resp.NAME:
+    if is_redis(req):
         return req.method or "redis"
     return f"{req.comm} {req.protocol} exchange"
 
@@ -55,20 +134,19 @@ def span_attributes(req: Request) -> Attributes:
     }
     if req.first_out_ns is not None:
         attrs["sitsprobe.time_to_first_byte_s"] = (req.first_out_ns - req.start_ns) / 1e9
-    if req.local is not None:
-        attrs["server.address"] = req.local.address
-        attrs["server.port"] = req.local.port
-    if req.peer is not None:
-        attrs["client.address"] = attrs["network.peer.address"] = req.peer.address
-        attrs["client.port"] = attrs["network.peer.port"] = req.peer.port
-    if is_http(req):
+    attrs.update(_endpoints(req))
+    if is_grpc(req):
+        attrs.update(_grpc(req))
+    elif is_http(req):
         attrs.update(_http(req))
-    elif req.protocol == resp.NAME:
+    elif is_redis(req):
         attrs.update({"db.system.name": "redis", "db.operation.name": req.method,
                       "sitsprobe.bytes_in": req.bytes_in, "sitsprobe.bytes_out": req.bytes_out})
     else:
         attrs.update({"sitsprobe.protocol": req.protocol, "sitsprobe.bytes_in": req.bytes_in,
                       "sitsprobe.bytes_out": req.bytes_out})
+    if req.protocol == HTTP2 and req.h2 is not None:
+        attrs.update(_http2(req.h2))
     if req.genai is not None:
         attrs.update(_gen_ai(req))
         attrs["error.type"] = attrs["error.type"] or req.genai.error_type
@@ -82,23 +160,114 @@ def span_attributes(req: Request) -> Attributes:
     return {k: v for k, v in attrs.items() if v is not None}
 
 
+def _endpoints(req: Request) -> dict:
+    """server.* is the server's side whichever side we are; client.* only on
+    a server span (a client span's own endpoint is no client.address)."""
+    attrs = {}
+    server = server_endpoint(req)
+    if server is not None:
+        attrs["server.address"], attrs["server.port"] = server
+    if req.peer is not None:
+        attrs["network.peer.address"], attrs["network.peer.port"] = req.peer.address, req.peer.port
+        if not is_client(req):
+            attrs["client.address"], attrs["client.port"] = req.peer.address, req.peer.port
+    return attrs
+
+
 def _http(req: Request) -> dict:
     name, _, version = req.protocol.partition("/")
     known = req.method is None or req.method in KNOWN_METHODS
-    return {
-        "http.request.method": req.method if known else "_OTHER",
+    target = _target(req)
+    attrs = {
+        "http.request.method": req.method if known else OTHER,
         "http.request.method_original": None if known else req.method,
-        "http.route": req.route,
         "http.response.status_code": req.status,
         # a request the agent saw none of, or whose head it did not capture, has no size
         "http.request.size": None if req.partial else req.bytes_in,
         "http.response.size": req.bytes_out,
-        "url.scheme": "http",
-        "url.path": req.path,
-        "url.query": (req.target or "").partition("?")[2].partition("#")[0] or None,
         "network.protocol.name": name,
         "network.protocol.version": version or None,
         "user_agent.original": req.user_agent,
+    }
+    if is_client(req):
+        attrs["url.full"] = _url_full(req, target)
+    else:
+        attrs.update({
+            "http.route": req.route,
+            "url.scheme": (req.h2.scheme if req.h2 is not None else None) or "http",
+            "url.path": req.path,
+            "url.query": (target or "").partition("?")[2].partition("#")[0] or None,
+        })
+    return attrs
+
+
+def _target(req: Request) -> str | None:
+    """The request-target to export: HTTP/1.1's as enrich() redacted it; an
+    HTTP/2 :path has no enrich() step, so every query value is redacted here."""
+    if req.protocol == HTTP2:
+        return redact_target(req.target)
+    return req.target
+
+
+def _url_full(req: Request, target: str | None) -> str | None:
+    """scheme://server[:port]target for an origin-form target, the target
+    itself for an absolute-form one (a request to a proxy); else not known."""
+    if target is None:
+        return None
+    target = target.partition("#")[0]
+    if target.startswith(("http://", "https://")):
+        return target
+    if not target.startswith("/"):  # "*", or a CONNECT's authority-form
+        return None
+    scheme = (req.h2.scheme if req.h2 is not None else None) or "http"
+    if req.h2 is not None and req.h2.authority:
+        return f"{scheme}://{req.h2.authority.rpartition('@')[2]}{target}"  # never a userinfo
+    server = server_endpoint(req)
+    if server is None:
+        return None
+    host, port = server
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}{'' if port is None else f':{port}'}{target}"
+
+
+def _split_authority(authority: str) -> tuple[str, int | None]:
+    """``host[:port]`` (``[v6]:port`` too) as (host, port); a port that is no number is None."""
+    authority = authority.rpartition("@")[2]  # userinfo is deprecated, and never exported
+    if authority.startswith("["):
+        host, _, rest = authority[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif authority.count(":") == 1:
+        host, _, port = authority.partition(":")
+    else:
+        host, port = authority, ""
+    return host, int(port) if port.isascii() and port.isdigit() and int(port) < 65536 else None
+
+
+def _http2(h2: H2) -> dict:
+    return {
+        "sitsprobe.http2.stream_id": h2.stream_id,
+        "sitsprobe.http2.flow_control_wait_s": h2.flow_control_wait_ns / 1e9,
+        "sitsprobe.http2.reset_code": h2.reset_code,
+    }
+
+
+def _grpc(req: Request) -> dict:
+    """The gRPC conventions: rpc.method is the fully-qualified method, the
+    status its code's name. The status message is not exported (it may
+    carry user data)."""
+    h2 = req.h2
+    method = grpc_method(req)
+    return {
+        "rpc.system.name": "grpc",
+        "rpc.method": method,
+        "rpc.method_original": req.path if method == OTHER else None,
+        "rpc.response.status_code": grpc_status_name(h2.grpc_status),
+        "sitsprobe.rpc.request_messages": h2.request_messages,
+        "sitsprobe.rpc.response_messages": h2.response_messages,
+        "network.protocol.name": "http",
+        "network.protocol.version": "2",
+        "sitsprobe.bytes_in": req.bytes_in,
+        "sitsprobe.bytes_out": req.bytes_out,
     }
 
 
@@ -130,6 +299,16 @@ def _gen_ai(req: Request) -> dict:
 
 
 def _error_type(req: Request) -> str | None:
-    if req.status is not None and req.status >= 500:
-        return str(req.status)
+    """gRPC: the status code's name, when it is an error for that side (a
+    server's: GRPC_SERVER_ERRORS; a client's: any but OK). HTTP: the status,
+    from 500 for a server, from 400 for a client (gRPC with no grpc-status
+    too). Else "incomplete" for an exchange cut short."""
+    if is_grpc(req) and req.h2.grpc_status is not None:
+        name = grpc_status_name(req.h2.grpc_status)
+        if name != "OK" and (is_client(req) or name in GRPC_SERVER_ERRORS):
+            return name
+    elif req.status is not None:
+        client_http = is_client(req) and req.protocol in (http1.NAME, HTTP2)
+        if req.status >= (400 if client_http else 500):
+            return str(req.status)
     return None if req.complete else "incomplete"

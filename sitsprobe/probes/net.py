@@ -14,7 +14,7 @@ from pathlib import Path
 from ..abi import (CF_BODY, CF_SEEDED, CF_TUPLE, END_FLUSH, N_EXEC, N_LISTEN, NET_COUNTERS as COUNTERS, ST_IDLE, ST_READING,
                    ST_RESPONDING, TCP_SENDMSG_FENTRY, TCP_SENDMSG_KPROBE, TCP_SENDMSG_TRACEPOINT)
 from ..procs import BlockedRead
-from ..events import Beat, Exchange, ProcessNotice
+from ..events import Beat, Chunk, Exchange, ProcessNotice
 from ..request import Endpoint, Payload, Write
 from .hooks import FENTRY, KPROBE, TRACEPOINT, Hook
 from .layout import Layout
@@ -34,6 +34,7 @@ def bpf_dir() -> Path:
 
 def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
            ring_buffer_mib: int, tcp_sendmsg: Hook, run_queue: bool = True, read_waits: bool = True,
+           outgoing: bool = True, stream_bytes: int = 4096,
            genai: bool = True, body_bytes: int = 512,
            tail_bytes: int = 512, write_peek_bytes: int = 384, max_writes: int = 4096,
            max_payloads: int = 4096) -> list[str]:
@@ -47,6 +48,8 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
         f"-DTCP_SENDMSG_HOOK={_HOOK_CODE[tcp_sendmsg.kind]}",
         f"-DRUNQ={int(run_queue)}",
         f"-DREAD_WAITS={int(read_waits)}",
+        f"-DOUTGOING={int(outgoing)}",
+        f"-DCHUNK_CAP={stream_bytes}",
         f"-DGENAI={int(genai)}",
         f"-DBODY_CAP={body_bytes}",
         f"-DTAIL_CAP={tail_bytes}",
@@ -87,7 +90,7 @@ class ExchangeDecoder:
                "last_out_ns", "bytes_in", "bytes_out", "flags", "t.family", "t.laddr",
                "t.lport", "t.raddr", "t.rport", "status", "pipeline", "req_len",
                "resp_len", "req", "resp", "tp_len", "tp", "ts_len", "ts", "send_ns", "runq_ns", "rwait_ns",
-               "cwait_ns")
+               "cwait_ns", "link_key", "link_start", "calls")
 
     def __init__(self, conn_type, name_of: Callable[[int, str], str] | None = None):
         """name_of(tgid, thread's comm): the process's name for its exchanges,
@@ -108,7 +111,8 @@ class ExchangeDecoder:
         """An Exchange from a conn already unpacked (by iter_unpack)."""
         (tgid, fd, comm, reported, start_ns, last_in_ns, first_out_ns, last_out_ns, bytes_in,
          bytes_out, flags, family, laddr, lport, raddr, rport, status, pipeline, req_len, resp_len,
-         req, resp, tp_len, tp, ts_len, ts, send_ns, runq_ns, rwait_ns, cwait_ns) = self._pick(v)
+         req, resp, tp_len, tp, ts_len, ts, send_ns, runq_ns, rwait_ns, cwait_ns, link_key, link_start,
+         calls) = self._pick(v)
         return Exchange(
             tgid=tgid, fd=fd, comm=self.name_of(tgid, _comm(comm)),
             reason=reported if reason is None else reason,
@@ -121,6 +125,7 @@ class ExchangeDecoder:
             req=req[:req_len], resp=resp[:resp_len],
             traceparent=tp[:tp_len], tracestate=ts[:ts_len],
             send_ns=send_ns, runq_ns=runq_ns, read_wait_ns=rwait_ns, cache_wait_ns=cwait_ns,
+            link_key=link_key, link_start=link_start, calls=calls,
         )
 
 
@@ -161,17 +166,41 @@ class PayloadDecoder:
         return Beat((tgid, fd, start_ns, pipeline), Write(ts_ns, size, peek[:peek_len], data, json, scanned))
 
 
+class ChunkDecoder:
+    """A `struct chunk` ring record (its head, then the bytes copied) as a Chunk."""
+
+    _FIELDS = ("tgid", "fd", "ts_ns", "size", "len", "flags", "dir", "t.family", "t.lport",
+               "t.rport", "t.laddr", "t.raddr")
+
+    def __init__(self, chunk_type):
+        head = dict(chunk_type._fields_)["h"]
+        layout = Layout(head)
+        self._size = layout.struct.size
+        self._unpack = layout.unpack_from
+        self._pick = itemgetter(*(layout.at[f] for f in self._FIELDS))
+
+    def __call__(self, buf: bytes) -> Chunk:
+        tgid, fd, ts_ns, size, n, flags, direction, family, lport, rport, laddr, raddr = \
+            self._pick(self._unpack(buf))
+        tuple_ok = flags & CF_TUPLE
+        return Chunk(tgid, fd, ts_ns, direction, size, flags,
+                     _endpoint(family, laddr, lport) if tuple_ok else None,
+                     _endpoint(family, raddr, rport) if tuple_ok else None,
+                     buf[self._size:self._size + n])
+
+
 class NetProbe:
     """The loaded network program and its maps. Only this class touches them."""
 
     def __init__(self, flags: list[str], on_exchange: Callable[[Exchange], None],
                  on_notice: Callable[[ProcessNotice], None],
                  name_of: Callable[[int, str], str] | None = None,
-                 on_beat: Callable[[Beat], None] = lambda _beat: None):
+                 on_beat: Callable[[Beat], None] = lambda _beat: None,
+                 on_chunk: Callable[[Chunk], None] = lambda _chunk: None):
         from bcc import BPF  # the probes layer is the only one that imports bcc
 
         self._bpf = BPF(src_file=str(bpf_dir() / "net.c").encode(), cflags=flags)
-        for i, name in enumerate((b"scan_head", b"send_beat")):  # tail-called, never attached
+        for i, name in enumerate((b"scan_head", b"send_beat", b"send_chunk")):  # tail-called, never attached
             self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(self._bpf.load_func(name, BPF.TRACEPOINT).fd)
         self._conns = self._bpf["conns"]
         self._tracked = self._bpf["tracked"]
@@ -206,8 +235,15 @@ class NetProbe:
             kind = {N_EXEC: "exec", N_LISTEN: "listen"}.get(n.kind, "exit")
             on_notice(ProcessNotice(kind, n.tgid, n.comm.decode(errors="replace")))
 
+        chunk = ChunkDecoder(self._bpf["chunk_bufs"].sLeaf)  # a per-CPU array: sLeaf is one entry
+
+        def chunk_cb(_ctx, data, size):
+            on_chunk(chunk(ct.string_at(data, size)))
+            return 0
+
         self._bpf["exchanges"].open_ring_buffer(exchange_cb)
         self._notice_map.open_ring_buffer(notice_cb)
+        self._bpf["streams"].open_ring_buffer(chunk_cb)
 
     def track(self, tgid: int) -> None:
         self._tracked[ct.c_uint(tgid)] = ct.c_ubyte(1)

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import replace
 
+from ..abi import CF_BY_PROCESS, CF_CLIENT
 from ..events import END_EXIT, Beat, Exchange
-from ..request import Request, Write
+from ..request import Link, Request, Write
 from ..routes import RouteMapper
 from .protocols import http1, protocol_of
 
@@ -91,7 +92,13 @@ class Stitcher:
         return requests
 
     def requests(self, ex: Exchange) -> list[Request]:
-        return protocol_of(ex).requests(ex, self._routes)
+        requests = protocol_of(ex).requests(ex, self._routes)
+        if ex.flags & CF_CLIENT or ex.link_key or ex.calls:
+            link = Link(ex.link_key >> 32, ex.link_key & 0xFFFFFFFF, ex.link_start,
+                        bool(ex.flags & CF_BY_PROCESS)) if ex.link_key else None
+            direction = "client" if ex.flags & CF_CLIENT else "server"
+            requests = [r._replace(direction=direction, link=link, calls=ex.calls) for r in requests]
+        return requests
 
 
 def enrich(r: Request, redact: frozenset[str] = frozenset(),

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -68,7 +69,8 @@ class TraceFile:
         return out
 
     def for_port(self, port: int) -> list[dict]:
-        return [s for s in self.spans() if s["attrs"].get("server.port") == port]
+        """The server spans of a port (a client span's server.port is the port it called)."""
+        return [s for s in self.spans() if s["attrs"].get("server.port") == port and s.get("kind") != 3]
 
     def for_pid(self, pid: int) -> list[dict]:
         return [s for s in self.spans() if s["resource"].get("process.pid") == pid]
@@ -243,6 +245,23 @@ class Server(Owned):
         self.pid = self.proc.pid
         if agent is not None:
             wait_until(lambda: agent.tracks(self.pid), 10, f"the agent to track pid {self.pid}")
+
+
+class RedisServer(Owned):
+    def __init__(self, port: int | None = None):
+        if not shutil.which("redis-server"):
+            pytest.skip("redis-server is needed: .ci/run installs it")
+        self.port = port or free_port()
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        wait_until(self._up, 10, "redis-server to listen")
+
+    def _up(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
 
 
 class Engine:

@@ -8,15 +8,11 @@ network; and the five adding up to the span.
 from __future__ import annotations
 
 import functools
-import shutil
-import socket
 import subprocess
 import sys
 import urllib.request
 
-import pytest
-
-from .conftest import Owned, free_port, running_agent, wait_until
+from .conftest import Owned, RedisServer, running_agent, wait_until
 
 SERVER = r"""
 import os, socket, sys, threading, time
@@ -55,23 +51,6 @@ class Waiting(Owned):
         self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(redis_port)],
                                      stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
-
-
-class RedisServer(Owned):
-    def __init__(self):
-        if not shutil.which("redis-server"):
-            pytest.skip("redis-server is needed: .ci/run installs it")
-        self.port = free_port()
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                                      "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
-        wait_until(self._up, 10, "redis-server to listen")
-
-    def _up(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-            return True
-        except OSError:
-            return False
 
 
 def segments_of(s: dict) -> dict[str, float]:

@@ -148,7 +148,7 @@ def test_the_header_is_read_whole():
     enums, runs = parse(HEADER.read_text())
     assert enums["counter"][:2] == ["C_EXCHANGES", "C_LOST"] and enums["cache_hit_op"][-1] == "HO_LE"
     assert ["CF_TUPLE", "CF_TCP", "CF_CHUNK_END", "CF_SEEDED", "CF_MISSED", "CF_INTERIM",
-            "CF_BODY", "CF_BODY_NEXT"] in runs
+            "CF_BODY", "CF_BODY_NEXT", "CF_CLIENT", "CF_BY_PROCESS", "CF_STREAM"] in runs
     assert not any("REQ_CAP" in run or "SITSPROBE_H" in run for run in runs)  # -D settings, the guard
 
 
@@ -165,7 +165,7 @@ def test_a_swap_in_the_header_fails_naming_both(tmp_path, a, b):
 
 @needs_gcc
 @pytest.mark.parametrize("edit, named", [
-    (lambda h: h.replace("    C_COUNTERS = 8,", "    C_NEW = 8,\n    C_COUNTERS = 9,"), "C_NEW"),
+    (lambda h: h.replace("    C_COUNTERS = 9,", "    C_NEW = 9,\n    C_COUNTERS = 10,"), "C_NEW"),
     (lambda h: h.replace("enum notice_kind { N_EXEC = 1, N_EXIT = 2, N_LISTEN = 3 }",
                          "enum notice_kind { N_EXEC = 1, N_EXIT = 2, N_LISTEN = 3, N_FORK = 4 }"), "N_FORK"),
     (lambda h: h.replace("#define CE_PEER 0x02", "#define CE_PEER 0x02\n#define CE_NEW 0x04"), "CE_NEW"),

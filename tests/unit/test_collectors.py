@@ -49,7 +49,7 @@ from sitsprobe.gpuwatch import GpuWatch
 from sitsprobe.probes import cuda as cuda_probe
 from sitsprobe.probes import markers as marker_probe
 from sitsprobe.probes import net as net_probe
-from sitsprobe.request import CacheLookup, Endpoint, Inference, Request, Stage
+from sitsprobe.request import H2, CacheLookup, Endpoint, Inference, Request, Stage
 from sitsprobe.stitch.genai import from_markers
 from tests.otlp_receiver import attributes
 
@@ -201,7 +201,7 @@ def agent_registry() -> CollectorRegistry:
     agent.probe, agent.markers = FakeNetProbe(), FakeMarkerProbe()
     counts = {"otlp": Counts(offered=9, delivered=5, queue_full=1, export_failed=1, export_error=1,
                              shutdown=1)}
-    agent.exporter = SimpleNamespace(accounting=lambda: counts, export=lambda r: None)
+    agent.exporter = SimpleNamespace(accounting=lambda: counts, export_trace=lambda t, enrich: None)
     agent.hooks, agent.ready = {"tcp_sendmsg": "tracepoint tcp:tcp_sendmsg_locked"}, True
     agent.tracked[PID] = agent.names[PID] = COMM
     agent.containers[PID] = Container(CID, "containerd", POD)
@@ -222,6 +222,12 @@ def agent_registry() -> CollectorRegistry:
                      inference_request(now + 2 * S, protocol="tls", method=None, route=None,
                                        status=None, inference=None)], now + 3 * S)
     agent.metrics.observe_batches([1, 2, 4])
+    call = inference_request(now)._replace(direction="client", inference=None, genai=None,
+                                           local=Endpoint("10.0.0.5", 40000), peer=Endpoint("10.0.0.7", 8080))
+    grpc = call._replace(protocol="http/2", method="POST", path="/pkg.Svc/Get", target="/pkg.Svc/Get",
+                         h2=H2(stream_id=1, grpc=True, grpc_status=0))
+    for r in (call, call._replace(protocol="resp", method="GET"), grpc, grpc._replace(direction="server")):
+        agent.metrics.observe(r)  # the calls it made (HTTP, Redis, gRPC) and a gRPC call it served
     for key, hit, peer in ((b"user:1", True, Endpoint("10.1.2.3", 5000)),
                            (b"session:9", False, Endpoint("10.1.3.9", 5001))):
         agent.cache_stats.add("redis", key, hit, now, peer)

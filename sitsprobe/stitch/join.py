@@ -1,0 +1,252 @@
+"""One trace per inference request, across the calls it makes and the
+processes it crosses, from what the kernel linked (``Request.link``).
+
+- A client request belongs to the server request its thread was serving
+  when it began, if it began before that one's response ended (sync and
+  threaded servers; on an event loop, the request that last began reading
+  on that thread: right when requests do not overlap, a guess when they do).
+- A server request whose connection's other end is a client connection of
+  a process we trace belongs to the client request made on it meanwhile,
+  even when the caller forwarded no ``traceparent`` (the gateway case).
+- A ``traceparent`` the caller sent wins over either.
+
+Children usually finish first: a finished request waits here for the one it
+belongs to, ``wait_ns`` at most, then goes out on a trace of its own
+(counted as ``timed_out``). A parent that finished first is remembered, only
+when the kernel counted calls linked to it (``Request.calls``), so a child
+that comes later joins the trace it went out on. Nothing else waits: a
+request nothing links to is a trace of its own at once.
+"""
+from __future__ import annotations
+
+import random
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from ..request import Request
+
+_rand = random.SystemRandom()
+
+
+def _new_id(bits: int) -> int:
+    return _rand.getrandbits(bits) or 1
+
+
+@dataclass(slots=True)
+class Span:
+    """A request with its place in a trace; ``parent_id`` None: the root,
+    whose parent (if any) is the caller's ``traceparent``."""
+
+    req: Request
+    trace_id: int
+    span_id: int
+    parent_id: int | None = None
+    via: str | None = None  # how the parent was found: "thread", "process" or "connection"
+
+
+@dataclass(slots=True)
+class Trace:
+    """What goes out together: a root and what was found to belong to it, or,
+    with ``late``, more of a trace that already went out. The sampler sees
+    its root's duration and errors."""
+
+    spans: list[Span]
+    late: bool = False
+    exported: bool = False
+    flags: int = 1  # W3C trace-flags the spans carry: the root's caller's, else sampled
+
+    @property
+    def root(self) -> Request:
+        return self.spans[0].req
+
+    @property
+    def duration_ns(self) -> int:
+        return self.root.duration_ns
+
+    @property
+    def is_error(self) -> bool:
+        return self.root.is_error
+
+
+@dataclass(slots=True)
+class _Node:
+    req: Request
+    since_ns: int
+    children: list[tuple[_Node, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Placed:
+    """A request that went out, for the ones that come later and belong to it."""
+
+    trace: Trace
+    span_id: int
+    start_ns: int
+    end_ns: int
+
+
+def _via(call: Request) -> str:
+    return "process" if call.link.by_process else "thread"
+
+
+class Joiner:
+    def __init__(self, wait_ns: int, max_remembered: int = 65536):
+        self.wait_ns = wait_ns
+        self._max = max_remembered
+        self._for_request: dict[tuple[int, int, int], list[_Node]] = {}  # waiting for a server request
+        self._for_call: dict[tuple[int, int], list[_Node]] = {}  # waiting for a call on a connection
+        self._open_servers: dict[tuple[int, int, int], _Node] = {}  # waiting, with calls linked
+        self._open_calls: dict[tuple[int, int], list[_Node]] = {}
+        self._servers: OrderedDict[tuple[int, int, int], _Placed] = OrderedDict()
+        self._calls: dict[tuple[int, int], deque[_Placed]] = {}
+        self.joined = {"thread": 0, "process": 0, "connection": 0}  # requests given a parent, by how
+        self.timed_out = 0  # went out alone: what they belong to never came
+
+    def waiting(self) -> int:
+        return sum(map(len, self._for_request.values())) + sum(map(len, self._for_call.values()))
+
+    def add(self, req: Request, now_ns: int) -> list[Trace]:
+        """``req`` finished: the traces ready to go out because of it."""
+        if req.link is None and not req.calls:
+            return [self._release(_Node(req, now_ns))]
+        node = _Node(req, now_ns)
+        out = self._adopt(node)
+        link = req.link
+        if link is None or req.traceparent is not None:
+            return out + [self._release(node)]
+        if req.direction == "client":
+            key = (link.pid, link.fd, link.start_ns)
+            parent = self._open_servers.get(key)
+            placed = self._servers.get(key) if parent is None else None
+            span = parent.req if parent is not None else placed
+            if span is not None and not span.start_ns <= req.start_ns <= span.end_ns:
+                return out + [self._release(node)]  # begun after it ended
+            if placed is not None:
+                return out + self._late(node, placed, _via(req))
+            if parent is None:
+                self._for_request.setdefault(key, []).append(node)
+            else:  # it waits for what it belongs to: so do its own
+                parent.children.append((node, _via(req)))
+        else:
+            conn = (link.pid, link.fd)
+            parent = next((n for n in self._open_calls.get(conn, ()) if n.req.start_ns <= req.start_ns
+                           <= n.req.end_ns), None)
+            placed = None if parent is not None else next(
+                (p for p in self._calls.get(conn, ()) if p.start_ns <= req.start_ns <= p.end_ns), None)
+            if placed is not None:
+                return out + self._late(node, placed, "connection")
+            if parent is None:
+                self._for_call.setdefault(conn, []).append(node)
+            else:
+                parent.children.append((node, "connection"))
+        self._open(node)
+        return out
+
+    def _open(self, node: _Node) -> None:
+        """``node`` waits, and later requests may belong to it: they wait with it."""
+        r = node.req
+        if not r.calls:
+            return
+        if r.direction == "server":
+            self._open_servers[(r.pid, r.fd, r.start_ns)] = node
+        else:
+            self._open_calls.setdefault((r.pid, r.fd), []).append(node)
+
+    def _close(self, r: Request) -> None:
+        """``r`` is placed: no longer open."""
+        if r.direction == "server":
+            self._open_servers.pop((r.pid, r.fd, r.start_ns), None)
+            return
+        nodes = self._open_calls.get((r.pid, r.fd))
+        if nodes:
+            nodes[:] = [n for n in nodes if n.req is not r]
+            if not nodes:
+                del self._open_calls[(r.pid, r.fd)]
+
+    def expire(self, now_ns: int, everything: bool = False) -> list[Trace]:
+        """Requests that waited ``wait_ns`` (all, with ``everything``) go out alone."""
+        out = []
+        for waiting in (self._for_request, self._for_call):
+            for key in list(waiting):
+                nodes = waiting[key]
+                gone = [n for n in nodes if everything or now_ns - n.since_ns >= self.wait_ns]
+                if not gone:
+                    continue
+                self.timed_out += len(gone)
+                out += [self._release(n) for n in gone]
+                if len(gone) == len(nodes):
+                    del waiting[key]
+                else:
+                    waiting[key] = [n for n in nodes if n not in gone]
+        return out
+
+    def _adopt(self, node: _Node) -> list[Trace]:
+        """The requests waiting for ``node`` become its children; those that
+        turn out not to be (a call begun after its response ended) go out alone."""
+        r, out = node.req, []
+        if r.direction == "server":
+            candidates, via = self._for_request.pop((r.pid, r.fd, r.start_ns), ()), None
+        else:
+            conn = (r.pid, r.fd)
+            waiting = self._for_call.get(conn, [])
+            candidates = [n for n in waiting if r.start_ns <= n.req.start_ns <= r.end_ns]
+            if candidates:
+                rest = [n for n in waiting if n not in candidates]
+                if rest:
+                    self._for_call[conn] = rest
+                else:
+                    del self._for_call[conn]
+            via = "connection"
+        for child in candidates:
+            if via is None and not r.start_ns <= child.req.start_ns <= r.end_ns:
+                out.append(self._release(child))
+            else:
+                node.children.append((child, via or _via(child.req)))
+        return out
+
+    def _release(self, node: _Node) -> Trace:
+        tp = node.req.traceparent
+        trace = Trace([], flags=tp.flags if tp is not None else 1)
+        self._place(trace, node, tp.trace_id if tp is not None else _new_id(128), None, None)
+        return trace
+
+    def _late(self, node: _Node, parent: _Placed, via: str) -> list[Trace]:
+        """``node`` belongs to a trace that went out (or waits in the sampler)."""
+        self.joined[via] += 1
+        trace = parent.trace
+        if not trace.exported:  # held by the sampler, or dropped by it: goes with it
+            self._place(trace, node, trace.spans[0].trace_id, parent.span_id, via)
+            return []
+        late = Trace([], late=True, exported=True, flags=trace.flags)
+        self._place(late, node, trace.spans[0].trace_id, parent.span_id, via)
+        return [late]
+
+    def _place(self, trace: Trace, node: _Node, trace_id: int, parent_id: int | None, via: str | None) -> None:
+        r = node.req
+        span = Span(r, trace_id, _new_id(64), parent_id, via)
+        trace.spans.append(span)
+        if r.calls:  # later requests may belong to this one
+            self._close(r)
+            self._remember(r, _Placed(trace, span.span_id, r.start_ns, r.end_ns))
+        for child, how in node.children:
+            self.joined[how] += 1
+            self._place(trace, child, trace_id, span.span_id, how)
+
+    def _remember(self, r: Request, placed: _Placed) -> None:
+        if r.direction == "server":
+            self._servers[(r.pid, r.fd, r.start_ns)] = placed
+            if len(self._servers) > self._max:
+                self._servers.popitem(last=False)
+            return
+        calls = self._calls.setdefault((r.pid, r.fd), deque(maxlen=4))
+        calls.append(placed)
+        if len(self._calls) > self._max:
+            self._calls.pop(next(iter(self._calls)))
+
+    def forget(self, pid: int) -> None:
+        """A process exited: what it left waiting goes at the next expire; what it placed, now."""
+        for key in [k for k in self._servers if k[0] == pid]:
+            del self._servers[key]
+        for key in [k for k in self._calls if k[0] == pid]:
+            del self._calls[key]
+        # what it left waiting (and open) goes out at the next expire, wherever it waits

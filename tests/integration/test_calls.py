@@ -1,0 +1,135 @@
+"""Outgoing calls as client spans, and one trace per request across them.
+
+A service answers each request by calling a real redis-server and a real
+nginx (Flask's threaded server with redis-py and requests; FastAPI on
+uvicorn with redis.asyncio and httpx); all three are traced. Each request
+must come out as one trace: the service's server span, its three client
+spans under it, and the callees' server spans under those client spans,
+though no one sent a traceparent. Then a gateway (nginx's proxy_pass) in
+front of the reference engine: every engine span in the gateway's trace.
+"""
+from __future__ import annotations
+
+import collections
+import http.client
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import HERE, TAG, Engine, Nginx, Owned, RedisServer, free_port, wait_until
+
+REDIS_PORT = free_port()
+AGENT_SELECT = {"ports": [REDIS_PORT], "cmdline": [TAG, r"engine/serve\.py .*--model-seed 11\b"]}
+N = 12
+CLIENT, SERVER = 3, 2
+
+
+class CallingService(Owned):
+    def __init__(self, agent, framework: str, backend: str):
+        pytest.importorskip({"flask": "flask", "fastapi": "fastapi"}[framework])
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "calls_app.py"), framework, "--tag", TAG,
+             "--redis", str(REDIS_PORT), "--backend", backend], stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+        self.pid = self.proc.pid
+        wait_until(lambda: agent.tracks(self.pid), 10, f"the agent to track the {framework} service")
+
+
+def get(port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", path)
+    r = conn.getresponse()
+    body = r.read()
+    conn.close()
+    return r.status, body
+
+
+@pytest.fixture(scope="module")
+def redis(agent):
+    with RedisServer(REDIS_PORT) as r:
+        wait_until(lambda: agent.tracks(r.proc.pid), 15, "the agent to track redis-server")
+        yield r
+
+
+def by_id(spans: list[dict]) -> dict[str, dict]:
+    return {s["spanId"]: s for s in spans}
+
+
+@pytest.mark.parametrize("framework", ["flask", "fastapi"])
+def test_each_request_is_one_trace_through_its_calls(agent, redis, tmp_path, framework):
+    with Nginx(agent, tmp_path / "nginx") as backend, \
+            CallingService(agent, framework, f"http://127.0.0.1:{backend.port}") as service:
+        tally = 0
+        for i in range(N):
+            status, body = get(service.port, f"/work/{i}")
+            assert status == 200, body
+            tally += json.loads(body)["calls"]
+        servers = agent.traces.wait_for_port(service.port, N)
+        mine = lambda s: s["resource"].get("process.pid") == service.pid  # noqa: E731
+
+        def calls():
+            spans = [s for s in agent.traces.spans() if mine(s) and s["kind"] == CLIENT]
+            ops = [s for s in spans if s["attrs"].get("db.operation.name") in ("GET", "SET")
+                   or s["attrs"].get("server.port") == backend.port]
+            return len(ops) >= tally and spans
+        wait_until(calls, 15, f"{tally} client spans of the {framework} service")
+        spans = agent.traces.spans()
+        index = by_id(spans)
+        wrong = []
+        for s in servers:
+            children = [c for c in spans if c.get("parentSpanId") == s["spanId"] and c["kind"] == CLIENT]
+            ops = collections.Counter(c["attrs"].get("db.operation.name") or
+                                      f"http {c['attrs'].get('server.port')}" for c in children)
+            want = {"GET": 1, "SET": 1, f"http {backend.port}": 1}  # redis-py adds HELLO, CLIENT once
+            if {k: ops[k] for k in want} != want:
+                wrong.append(f"{s['attrs'].get('url.path')}: calls {dict(ops)}")
+            for c in children:
+                callee = [x for x in spans if x.get("parentSpanId") == c["spanId"] and x["kind"] == SERVER]
+                # one each; two for a call of pipelined commands (redis-py's CLIENT SETINFO pair)
+                if not callee or any(x["traceId"] != s["traceId"] for x in callee):
+                    wrong.append(f"{c['name']} of {s['attrs'].get('url.path')}: callees {callee}")
+                elif any(x["attrs"].get("sitsprobe.parent.inferred") != "connection" for x in callee):
+                    wrong.append(f"callee of {c['name']}: {callee[0]['attrs']}")
+            if "parentSpanId" in s and s["parentSpanId"] in index:
+                wrong.append(f"the service's span has a parent: {index[s['parentSpanId']]['name']}")
+        assert not wrong, "\n".join(wrong)
+        got = sum(1 for s in spans if mine(s) and s["kind"] == CLIENT and s.get("parentSpanId") in
+                  {x["spanId"] for x in servers} and (s["attrs"].get("db.operation.name") in ("GET", "SET")
+                                                       or s["attrs"].get("server.port") == backend.port))
+        assert got == tally, (got, tally)
+
+
+def test_a_gateway_and_its_engine_share_each_trace(agent, tmp_path):
+    (tmp_path / "engine").mkdir()
+    engine = Engine(tmp_path / "engine", "--model-seed", "11")
+    try:
+        proxy = f"""
+        location /v1/ {{
+            proxy_pass http://127.0.0.1:{engine.port};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}"""
+        with Nginx(agent, tmp_path / "gateway", locations=proxy) as gateway:
+            wait_until(lambda: agent.tracks(engine.pid), 15, "the agent to track the engine")
+            for i in range(8):
+                body = json.dumps({"prompt": f"gateway {i}", "max_tokens": 4, "temperature": 0})
+                conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+                conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                assert r.status == 200, r.read()
+                r.read()
+                conn.close()
+            outer = agent.traces.wait_for_port(gateway.port, 8)
+            inner = agent.traces.wait_for_port(engine.port, 8)
+            traces = {s["traceId"] for s in outer}
+            assert len(traces) == 8
+            assert {s["traceId"] for s in inner} == traces
+            index = by_id(agent.traces.spans())
+            for s in inner:
+                parent = index.get(s.get("parentSpanId"))
+                assert parent is not None and parent["kind"] == CLIENT, s
+                assert parent["resource"]["process.pid"] in gateway.workers
+    finally:
+        engine.stop()

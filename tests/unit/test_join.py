@@ -1,0 +1,101 @@
+"""stitch.join: requests the kernel linked become one trace, in whatever order they finish."""
+from __future__ import annotations
+
+import itertools
+
+from sitsprobe.request import Link, Request, TraceParent
+from sitsprobe.stitch.join import Joiner
+
+MS = 1_000_000
+GATEWAY, ENGINE = 10, 20  # pids
+
+
+def req(pid, fd, start, end, direction="server", link=None, calls=0, traceparent=None) -> Request:
+    return Request(pid, "p", fd, start * MS, end * MS, start * MS, 10, 10, direction=direction,
+                   link=link, calls=calls, traceparent=traceparent)
+
+
+# the gateway serves S1 on fd 5 and calls the engine on fd 7 (C1); the engine answers it on fd 9 (S2)
+S1 = req(GATEWAY, 5, 0, 100, calls=1)
+C1 = req(GATEWAY, 7, 10, 90, "client", Link(GATEWAY, 5, 0), calls=1)
+S2 = req(ENGINE, 9, 11, 89, link=Link(GATEWAY, 7, 0))
+
+
+def shape(traces) -> dict:
+    """{request: (its trace, its parent request or None, how)} over all traces."""
+    spans = [s for t in traces for s in t.spans]
+    by_id = {s.span_id: s.req for s in spans}
+    return {s.req: (s.trace_id, by_id.get(s.parent_id), s.via) for s in spans}
+
+
+def test_a_request_nothing_links_goes_out_alone_at_once():
+    j = Joiner(wait_ns=1000 * MS)
+    lone = req(1, 3, 0, 5)
+    [t] = j.add(lone, 0)
+    assert [s.req for s in t.spans] == [lone] and not t.late and t.spans[0].parent_id is None
+    assert j.waiting() == 0
+
+
+def test_gateway_call_engine_is_one_trace_whatever_order_they_finish_in():
+    for order in itertools.permutations([S1, C1, S2]):
+        j = Joiner(wait_ns=1000 * MS)
+        traces = []
+        for r in order:
+            for t in j.add(r, 0):
+                t.exported = True  # as the agent's exporter marks it
+                traces.append(t)
+        got = shape(traces)
+        assert set(got) == {S1, C1, S2}, order
+        assert len({tid for tid, _, _ in got.values()}) == 1, order
+        assert got[S1][1] is None and got[C1][1:] == (S1, "thread") and got[S2][1:] == (C1, "connection"), order
+        assert j.waiting() == 0 and j.timed_out == 0
+
+
+def test_a_late_child_of_a_trace_still_held_by_the_sampler_goes_with_it():
+    j = Joiner(wait_ns=1000 * MS)
+    [t] = j.add(S1, 0)  # not exported: the sampler holds it
+    assert j.add(C1, 0) == []
+    assert [s.req for s in t.spans] == [S1, C1] and t.spans[1].parent_id == t.spans[0].span_id
+
+
+def test_a_late_child_of_a_trace_that_went_out_is_a_late_part_of_it():
+    j = Joiner(wait_ns=1000 * MS)
+    [t] = j.add(S1, 0)
+    t.exported = True
+    [late] = j.add(C1, 0)
+    assert late.late and late.spans[0].trace_id == t.spans[0].trace_id
+    assert late.spans[0].parent_id == t.spans[0].span_id
+
+
+def test_a_call_begun_after_the_response_ended_is_not_its_child():
+    j = Joiner(wait_ns=1000 * MS)
+    after = C1._replace(start_ns=150 * MS, end_ns=160 * MS)
+    assert j.add(after, 0) == []
+    traces = j.add(S1, 0)
+    assert len(traces) == 2 and all(len(t.spans) == 1 for t in traces)
+
+
+def test_a_traceparent_the_caller_sent_wins_over_the_inferred_link():
+    j = Joiner(wait_ns=1000 * MS)
+    tp = TraceParent(trace_id=0xABC, span_id=0xDEF, flags=1)
+    [t] = j.add(S2._replace(traceparent=tp), 0)
+    assert t.spans[0].trace_id == 0xABC and t.spans[0].parent_id is None
+
+
+def test_what_waits_too_long_goes_out_alone_and_is_counted():
+    j = Joiner(wait_ns=100 * MS)
+    assert j.add(C1, 0) == [] and j.add(S2, 0) == []  # S2 waits with C1, which waits for S1
+    assert j.expire(50 * MS) == []
+    [t] = j.expire(100 * MS)
+    assert [s.req for s in t.spans] == [C1, S2] and j.timed_out == 1 and j.waiting() == 0
+
+
+def test_a_callee_on_another_connection_of_the_caller_is_not_joined():
+    j = Joiner(wait_ns=100 * MS)
+    other = S2._replace(link=Link(GATEWAY, 8, 0))
+    j.add(C1, 0)
+    assert j.add(other, 0) == []
+    [t] = j.add(S1, 0)
+    assert other not in {s.req for s in t.spans}
+    [alone] = j.expire(100 * MS)
+    assert [s.req for s in alone.spans] == [other]
