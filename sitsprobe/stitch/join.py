@@ -3,8 +3,10 @@ processes it crosses, from what the kernel linked (``Request.link``).
 
 - A client request belongs to the server request its thread was serving
   when it began, if it began before that one's response ended (sync and
-  threaded servers; on an event loop, the request that last began reading
-  on that thread: right when requests do not overlap, a guess when they do).
+  threaded servers; from a thread that read none, a worker pool's, its
+  process's latest request; on an event loop, the request that last began
+  reading on that thread: right when requests do not overlap, a guess when
+  they do).
 - A server request whose connection's other end is a client connection of
   a process we trace belongs to the client request made on it meanwhile,
   even when the caller forwarded no ``traceparent`` (the gateway case).
