@@ -22,6 +22,7 @@
 #define AF_INET_ 2
 #define AF_INET6_ 10
 #define EINPROGRESS_ 115
+#define MSG_PEEK_ 2
 
 /* ::ffff:a.b.c.d */
 static __always_inline int is_v4_mapped(const __u8 *a)
@@ -60,11 +61,26 @@ struct scan_buf {
     __u8 b[SCAN_CHUNK + 16];
 };
 BPF_PERCPU_ARRAY(scan_bufs, struct scan_buf, 1);
-BPF_PROG_ARRAY(scan_prog, 3); /* tail calls: 0 scan_head, 1 send_beat, 2 send_chunk */
+/* Tail calls: 0 scan_head, 1 send_beat, 2 send_chunk; the same programs once
+ * as tracepoints (the syscalls' exits), once as uprobes (the TLS library's
+ * returns): a program may only tail-call programs of its own type. */
+BPF_PROG_ARRAY(scan_prog, 3);
+BPF_PROG_ARRAY(uscan_prog, 3);
+static __always_inline void tail(void *ctx, int user, int i)
+{
+    if (user)
+        uscan_prog.call(ctx, i);
+    else
+        scan_prog.call(ctx, i);
+}
 BPF_RINGBUF_OUTPUT(exchanges, RINGBUF_PAGES);
 BPF_RINGBUF_OUTPUT(notices, 64);
 BPF_RINGBUF_OUTPUT(streams, STREAM_PAGES);
 BPF_PERCPU_ARRAY(chunk_bufs, struct chunk, 1);
+BPF_HASH(tls_procs, __u32, __u8, 4096);                   /* tgid -> its TLS library is hooked */
+BPF_TABLE("lru_hash", __u32, __u64, tls_threads, 16384);  /* tid -> the CF_TLS conn it last read or wrote */
+BPF_TABLE("lru_hash", __u64, struct ssl_conn, ssl_conns, MAX_CONNS); /* SSL * -> its conn */
+BPF_HASH(ssl_calls, __u64, struct ssl_call, 16384);       /* pid_tgid -> a library call in progress */
 
 static __always_inline void count(int idx)
 {
@@ -167,7 +183,12 @@ static __always_inline struct body *body_of(struct conn *c)
         return NULL;
     __u64 key = conn_key(c->tgid, c->fd);
     struct body *b = bodies.lookup(&key);
-    return b && b->start_ns == c->start_ns ? b : NULL;
+    if (b && b->start_ns != c->start_ns)
+        b = NULL;
+    /* the callers test b itself, not the comparison the compiler would
+     * reuse for it: the verifier cannot see that the two agree */
+    asm volatile("" : "+r"(b));
+    return b;
 }
 
 /* Submit a copy of the connection's finished exchange, its payload pieces
@@ -310,14 +331,14 @@ static __always_inline int count_chunk(struct beat_state *st)
     return st->b.scanned < st->n && st->b.scanned < WRITE_SCAN;
 }
 
-int send_beat(void *ctx)
+static __always_inline int send_beat_(void *ctx, int user)
 {
     int zero = 0;
     struct beat_state *st = beat_states.lookup(&zero);
     if (!st || !st->n)
         return 0;
     if (count_chunk(st))
-        scan_prog.call(ctx, 1); /* the next chunk; if the call failed, send what is counted */
+        tail(ctx, user, 1); /* the next chunk; if the call failed, send what is counted */
     __u64 n = st->n, buf = st->buf;
     st->n = 0;
     struct beat *e = exchanges.ringbuf_reserve(sizeof(struct beat));
@@ -333,6 +354,8 @@ int send_beat(void *ctx)
     exchanges.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
     return 0;
 }
+int send_beat(void *ctx) { return send_beat_(ctx, 0); }
+int usend_beat(void *ctx) { return send_beat_(ctx, 1); }
 
 /* Parse "HTTP/1.x NNN" at the start of b; 0 when it is not a status line. */
 static __always_inline __u16 status_of(const __u8 *b)
@@ -452,7 +475,7 @@ static __always_inline int scan_chunk(struct conn *c, struct scan_buf *s, struct
     return 0;
 }
 
-int scan_head(void *ctx)
+static __always_inline int scan_head_(void *ctx, int user)
 {
     int zero = 0;
     struct scan_state *st = scan_states.lookup(&zero);
@@ -462,11 +485,13 @@ int scan_head(void *ctx)
     struct conn *c = conns.lookup(&st->key);
     if (c && !scan_chunk(c, s, st) && st->off + SCAN_CHUNK < st->n) {
         st->off += SCAN_CHUNK;
-        scan_prog.call(ctx, 0);
+        tail(ctx, user, 0);
     }
     st->n = 0; /* done, or the tail call failed */
     return 0;
 }
+int scan_head(void *ctx) { return scan_head_(ctx, 0); }
+int uscan_head(void *ctx) { return scan_head_(ctx, 1); }
 
 /* Ask for a search of this read's head, run when the syscall's exit is done. */
 static __always_inline void want_scan(__u64 key, __u64 buf, __u64 n)
@@ -487,14 +512,15 @@ static __always_inline int is_post(const __u8 *r)
     return r[0] == 'P' && r[1] == 'O' && r[2] == 'S' && r[3] == 'T' && r[4] == ' ';
 }
 
-/* The other end of a connection, as that end's own tuple; an IPv4 peer of a
- * dual-stack socket has an IPv4 socket of its own. */
-static __always_inline void reverse(const struct tuple *t, struct tuple *p)
+/* A connection's tuple as the `clients` map keys it: IPv4 between IPv4-mapped
+ * addresses of a dual-stack socket (either end may have one, the other not);
+ * with `swap`, as the other end sees it. */
+static __always_inline void canonical(const struct tuple *t, struct tuple *p, int swap)
 {
     p->family = t->family;
-    p->lport = t->rport;
-    p->rport = t->lport;
-    const __u8 *l = t->raddr, *r = t->laddr;
+    p->lport = swap ? t->rport : t->lport;
+    p->rport = swap ? t->lport : t->rport;
+    const __u8 *l = swap ? t->raddr : t->laddr, *r = swap ? t->laddr : t->raddr;
     if (t->family == AF_INET6_ && is_v4_mapped(l) && is_v4_mapped(r)) {
         p->family = AF_INET_;
         __builtin_memcpy(p->laddr, l + 12, 4);
@@ -541,7 +567,7 @@ static __always_inline void link_exchange(struct conn *c, __u64 key)
     if (!OUTGOING || !(c->flags & CF_TUPLE))
         return;
     struct tuple peer = {};
-    reverse(&c->t, &peer);
+    canonical(&c->t, &peer, 1);
     __u64 *k = clients.lookup(&peer);
     struct conn *caller = k ? conns.lookup(k) : NULL;
     if (caller) {
@@ -561,6 +587,14 @@ static __always_inline void link_exchange(struct conn *c, __u64 key)
         asm volatile("" : "=r"(v) : "0"(v));             \
     } while (0)
 
+/* A TLS handshake record (a ClientHello) begins the connection, in a process
+ * whose TLS library is hooked (`tls_procs`, filled by userspace). */
+static __always_inline int is_tls_hello(const struct conn *c, __u32 tgid)
+{
+    return c->req_len >= 3 && c->req[0] == 0x16 && c->req[1] == 0x03 && c->req[2] <= 0x04 &&
+           tls_procs.lookup(&tgid);
+}
+
 /* "PRI * HTTP/2.0\r\n": an HTTP/2 connection with prior knowledge (h2c), or after ALPN */
 static __always_inline int is_h2_preface(const struct conn *c)
 {
@@ -568,6 +602,16 @@ static __always_inline int is_h2_preface(const struct conn *c)
     return c->req_len >= 16 && r[0] == 'P' && r[1] == 'R' && r[2] == 'I' && r[3] == ' ' && r[4] == '*' &&
            r[5] == ' ' && r[6] == 'H' && r[7] == 'T' && r[8] == 'T' && r[9] == 'P' && r[10] == '/' &&
            r[11] == '2' && r[12] == '.' && r[13] == '0' && r[14] == '\r' && r[15] == '\n';
+}
+
+/* A connection older than the agent reads what looks like an HTTP/2 frame
+ * header: a length within the default maximum frame size, a known type, the
+ * reserved bit clear (an HTTP/1.x method's letters make a length in the
+ * millions). Userspace checks more before it decodes a byte of it. */
+static __always_inline int is_h2_frame(const struct conn *c)
+{
+    const __u8 *r = c->req;
+    return c->req_len >= 9 && r[0] == 0 && r[1] <= 0x40 && r[3] <= 9 && !(r[5] & 0x80);
 }
 
 /* A server's first write on a new connection is an HTTP/2 SETTINGS frame:
@@ -585,9 +629,46 @@ static __always_inline int is_h2_settings(const struct conn *c)
 struct chunk_state {
     struct chunk_head h;
     struct args a;
-    __u8 pending;
+    __u8 pending; /* 1: a chunk to send; 2: being copied, `next` iovec entry on */
+    __u32 next;   /* the iovec entry the next run of send_chunk copies from */
+    __u64 left;   /* bytes of the call not copied yet */
+    __u64 iovp;
+    __u64 iovlen;
 };
 BPF_PERCPU_ARRAY(chunk_states, struct chunk_state, 1);
+
+/* What the streams a chunk begins belong to, found as link_exchange finds it
+ * for an exchange (gRPC's own threads write a channel's calls: CF_BY_PROCESS). */
+static __always_inline void link_chunk(struct conn *c, struct chunk_head *h)
+{
+    if (c->flags & CF_CLIENT) {
+        __u64 id = bpf_get_current_pid_tgid();
+        __u32 tid = id, tgid = id >> 32;
+        struct serving *s = serving.lookup(&tid);
+        if (!s) {
+            s = serving_proc.lookup(&tgid);
+            if (s)
+                h->flags |= CF_BY_PROCESS;
+        }
+        struct conn *p = s ? conns.lookup(&s->key) : NULL;
+        if (p && p->start_ns == s->start_ns && p->state != ST_IDLE) {
+            h->link_key = s->key;
+            h->link_start = s->start_ns;
+            p->calls++;
+        }
+        return;
+    }
+    if (!(c->flags & CF_TUPLE))
+        return;
+    struct tuple peer = {};
+    canonical(&c->t, &peer, 1);
+    __u64 *k = clients.lookup(&peer);
+    struct conn *caller = k ? conns.lookup(k) : NULL;
+    if (caller) {
+        h->link_key = *k;
+        caller->calls++;
+    }
+}
 
 static __always_inline void want_chunk(struct conn *c, struct args *a, long ret, __u8 dir, __u64 ts)
 {
@@ -602,42 +683,53 @@ static __always_inline void want_chunk(struct conn *c, struct args *a, long ret,
     st->h.flags = c->flags;
     st->h.dir = dir;
     st->h.t = c->t;
+    st->h.link_key = st->h.link_start = 0;
     st->a = *a;
     st->pending = 1;
+    if (OUTGOING && (c->flags & CF_CLIENT ? dir == CH_OUT : dir == CH_IN))
+        link_chunk(c, &st->h);
 }
 
-/* Its first CHUNK_CAP bytes, over the first CHUNK_IOVS iovec entries. */
-int send_chunk(void *ctx)
+/* Its first CHUNK_CAP bytes. A vectored call's entries are copied
+ * CHUNK_IOVS a run (gRPC writes a header block as many small slices); the
+ * program tail-calls itself for the next ones, as far as tail calls go. */
+static __always_inline int send_chunk_(void *ctx, int user)
 {
     int zero = 0;
     struct chunk_state *st = chunk_states.lookup(&zero);
     struct chunk *ch = chunk_bufs.lookup(&zero);
     if (!st || !ch || !st->pending)
         return 0;
-    st->pending = 0;
-    ch->h = st->h;
     struct args *a = &st->a;
-    __u32 off = 0;
-    __u64 left = ch->h.size;
     __u32 kind = a->kind & 0xff;
-    ch->h.len = 0;
+    if (st->pending == 1) { /* the first run */
+        ch->h = st->h;
+        ch->h.len = 0;
+        st->left = ch->h.size;
+        st->next = 0;
+        st->iovp = a->ptr;
+        st->iovlen = CHUNK_IOVS * 33; /* readv/writev: the bytes moved end the walk first */
+        if (kind == K_MSG) { /* struct user_msghdr: msg_iov at 16, msg_iovlen at 24 */
+            bpf_probe_read_user(&st->iovp, sizeof(st->iovp), (void *)(a->ptr + 16));
+            bpf_probe_read_user(&st->iovlen, sizeof(st->iovlen), (void *)(a->ptr + 24));
+        }
+        st->pending = 2;
+    }
+    __u32 off = ch->h.len;
     if (kind == K_FLAT) {
-        __u64 n = left < CHUNK_CAP ? left : CHUNK_CAP;
+        __u64 n = st->left < CHUNK_CAP ? st->left : CHUNK_CAP;
         BOUND(n, CHUNK_CAP);
         if (n && bpf_probe_read_user(ch->data, n, (void *)a->ptr) == 0)
             off = ch->h.len = n;
     } else if (kind == K_IOV || kind == K_MSG) {
-        __u64 iovp = a->ptr, iovlen = CHUNK_IOVS; /* readv/writev: the bytes moved end the walk first */
-        if (kind == K_MSG) { /* struct user_msghdr: msg_iov at 16, msg_iovlen at 24 */
-            bpf_probe_read_user(&iovp, sizeof(iovp), (void *)(a->ptr + 16));
-            bpf_probe_read_user(&iovlen, sizeof(iovlen), (void *)(a->ptr + 24));
-        }
+        __u32 first = st->next;
 #pragma unroll
         for (int i = 0; i < CHUNK_IOVS; i++) {
             struct uiovec iov = {};
-            if (i >= iovlen || !left || off >= CHUNK_CAP)
+            __u64 left = st->left;
+            if (first + i >= st->iovlen || !left || off >= CHUNK_CAP)
                 break;
-            if (bpf_probe_read_user(&iov, sizeof(iov), (void *)(iovp + i * sizeof(iov))))
+            if (bpf_probe_read_user(&iov, sizeof(iov), (void *)(st->iovp + (first + i) * sizeof(iov))))
                 break;
             __u64 n = iov.len < left ? iov.len : left;
             if (n > CHUNK_CAP - off)
@@ -648,10 +740,14 @@ int send_chunk(void *ctx)
             if (n && bpf_probe_read_user(ch->data + at, n, (void *)iov.base))
                 break;
             off += n;
-            left -= n;
+            st->left = left - n;
+            st->next = first + i + 1;
             ch->h.len = off;
         }
+        if (st->next == first + CHUNK_IOVS && st->next < st->iovlen && st->left && off < CHUNK_CAP)
+            tail(ctx, user, 2); /* the next entries; if the call failed, send what is copied */
     }
+    st->pending = 0;
     __u64 size = sizeof(struct chunk_head) + (off & (2 * CHUNK_CAP - 1));
     if (size > sizeof(struct chunk))
         size = sizeof(struct chunk);
@@ -659,6 +755,8 @@ int send_chunk(void *ctx)
         count(C_CHUNKS_LOST);
     return 0;
 }
+int send_chunk(void *ctx) { return send_chunk_(ctx, 0); }
+int usend_chunk(void *ctx) { return send_chunk_(ctx, 1); }
 
 /* The connection closed: a chunk with no bytes. */
 static __always_inline void close_chunk(struct conn *c)
@@ -682,6 +780,7 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
     if (c->state == ST_IDLE) {
         __u64 len = 0, buf = first_buffer(a, &len);
         __u64 all = ret < len ? ret : len, n = all;
+        __u16 seeded = c->flags & CF_SEEDED;
         if (n > REQ_CAP)
             n = REQ_CAP;
         c->start_ns = now;
@@ -699,8 +798,13 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         c->req_len = 0;
         if (buf && n > 0 && bpf_probe_read_user(c->req, n, (void *)buf) == 0)
             c->req_len = n;
-        if (is_h2_preface(c)) { /* no exchanges: its bytes go to `streams` from here on */
-            c->flags |= CF_STREAM;
+        if (is_tls_hello(c, tgid)) { /* no exchanges from ciphertext: the library's calls make them */
+            c->flags |= CF_TLS;
+            c->tls_calls = 0;
+            return;
+        }
+        if (is_h2_preface(c) || (seeded && is_h2_frame(c))) { /* its bytes go to `streams` */
+            c->flags |= CF_STREAM | seeded; /* seeded: userspace knows its start was missed */
             return;
         }
         __u64 key = conn_key(tgid, c->fd);
@@ -874,6 +978,9 @@ static __always_inline void on_connect(struct args *a, __u32 tgid)
     new_conn(a, tgid, a->fd, CF_CLIENT);
 }
 
+static __always_inline void tails(void *ctx, int user);
+static __always_inline void dispatch(struct conn *c, struct args *a, long ret, __u64 id);
+
 /* Exit half: the syscall's result decides what happened. */
 static __always_inline int leave(void *ctx, long ret)
 {
@@ -905,13 +1012,55 @@ static __always_inline int leave(void *ctx, long ret)
     struct conn *c = conns.lookup(&key);
     if (!c)
         goto out;
+    if (c->flags & CF_TLS && !(c->flags & CF_TLS_PLAIN) && ++c->tls_calls > TLS_GRACE)
+        c->flags &= ~CF_TLS; /* no plaintext came: not the hooked library's; framed as it is */
+    if (!(c->flags & CF_TLS))
+        dispatch(c, a, ret, id);
+    if (c->flags & CF_TLS) { /* ciphertext: the plaintext comes through the library (ssl_leave) */
+        __u32 tid = id;
+        tls_threads.update(&tid, &key); /* the library's next call on this thread is for it */
+    }
+out:
+    inflight.delete(&id);
+    tails(ctx, 0);
+    return 0;
+}
+
+/* The tail calls a dispatch asked for; `user`: from a uprobe. */
+static __always_inline void tails(void *ctx, int user)
+{
+    int zero = 0;
+    struct scan_state *st = scan_states.lookup(&zero);
+    if (st && st->n) {
+        tail(ctx, user, 0); /* does not return unless it failed */
+        st->n = 0;
+    }
+    struct beat_state *bs = GENAI ? beat_states.lookup(&zero) : NULL;
+    if (bs && bs->n) {
+        tail(ctx, user, 1); /* send_beat */
+        bs->n = 0;
+        count(C_WRITES_LOST);
+    }
+    struct chunk_state *cs = chunk_states.lookup(&zero);
+    if (cs && cs->pending) {
+        tail(ctx, user, 2); /* send_chunk */
+        cs->pending = 0;
+        count(C_CHUNKS_LOST);
+    }
+}
+
+/* ret bytes moved on a tracked connection, in plaintext: a syscall's, or a
+ * TLS library call's (a->kind K_FLAT, a->ptr its buffer). */
+static __always_inline void dispatch(struct conn *c, struct args *a, long ret, __u64 id)
+{
+    __u32 tgid = id >> 32;
     /* Userspace reads this entry while we write it (the idle flush): the
      * count is odd during the update, and moves on every update. */
     __u64 now = bpf_ktime_get_ns();
     __u8 dir = a->kind & SEND ? CH_OUT : CH_IN;
     if (c->flags & CF_STREAM) {
         want_chunk(c, a, ret, dir, dir == CH_OUT ? a->enter_ns : now);
-        goto out;
+        return;
     }
     __sync_fetch_and_add(&c->seq, 1);
     if (!(c->flags & CF_CLIENT)) {
@@ -929,37 +1078,23 @@ static __always_inline int leave(void *ctx, long ret)
     __sync_fetch_and_add(&c->seq, 1);
     if (c->flags & CF_STREAM) /* its preface, just seen */
         want_chunk(c, a, ret, dir, dir == CH_OUT ? a->enter_ns : now);
-out:
-    inflight.delete(&id);
-    int zero = 0;
-    struct scan_state *st = scan_states.lookup(&zero);
-    if (st && st->n) {
-        scan_prog.call(ctx, 0); /* does not return unless it failed */
-        st->n = 0;
-    }
-    struct beat_state *bs = GENAI ? beat_states.lookup(&zero) : NULL;
-    if (bs && bs->n) {
-        scan_prog.call(ctx, 1); /* send_beat */
-        bs->n = 0;
-        count(C_WRITES_LOST);
-    }
-    struct chunk_state *cs = chunk_states.lookup(&zero);
-    if (cs && cs->pending) {
-        scan_prog.call(ctx, 2); /* send_chunk */
-        cs->pending = 0;
-        count(C_CHUNKS_LOST);
-    }
-    return 0;
 }
 
 /* Field names differ between syscalls; each pair names its own. */
 TRACEPOINT_PROBE(syscalls, sys_enter_read) { return enter(args->fd, args->buf, K_FLAT); }
 TRACEPOINT_PROBE(syscalls, sys_exit_read) { return leave(args, args->ret); }
-TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { return enter(args->fd, args->ubuf, K_FLAT); }
+/* A peek (nginx's, telling TLS from plain HTTP) reads nothing: the next read has the bytes. */
+TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom)
+{
+    return args->flags & MSG_PEEK_ ? 0 : enter(args->fd, args->ubuf, K_FLAT);
+}
 TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_readv) { return enter(args->fd, args->vec, K_IOV); }
 TRACEPOINT_PROBE(syscalls, sys_exit_readv) { return leave(args, args->ret); }
-TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { return enter(args->fd, args->msg, K_MSG); }
+TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg)
+{
+    return args->flags & MSG_PEEK_ ? 0 : enter(args->fd, args->msg, K_MSG);
+}
 TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_write) { return enter(args->fd, args->buf, K_FLAT | SEND); }
 TRACEPOINT_PROBE(syscalls, sys_exit_write) { return leave(args, args->ret); }
@@ -1006,8 +1141,11 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
         report(c, END_CLOSE);
     if (c->flags & CF_STREAM)
         close_chunk(c);
-    if (c->flags & CF_CLIENT && c->flags & CF_TUPLE)
-        clients.delete(&c->t);
+    if (c->flags & CF_CLIENT && c->flags & CF_TUPLE) {
+        struct tuple t = {};
+        canonical(&c->t, &t, 0);
+        clients.delete(&t);
+    }
     conns.delete(&key);
     bodies.delete(&key);
     return 0;
@@ -1024,6 +1162,30 @@ static __always_inline struct conn *current_conn(void)
     return conns.lookup(&key);
 }
 
+/* A TCP client connection whose tuple is known: findable by the server at its
+ * other end (link_exchange). Either may come first: a client's first call may
+ * be a read (gRPC's), which tells the tuple before any send tells TCP. */
+static __always_inline void index_client(struct conn *c)
+{
+    __u16 want = CF_CLIENT | CF_TCP | CF_TUPLE;
+    if (OUTGOING && (c->flags & want) == want) {
+        __u64 key = conn_key(c->tgid, c->fd);
+        struct tuple t = {};
+        canonical(&c->t, &t, 0);
+        clients.update(&t, &key);
+    }
+}
+
+/* tcp_sendmsg ran for the current call's connection. */
+static __always_inline void mark_tcp(void)
+{
+    struct conn *c = current_conn();
+    if (c && !(c->flags & CF_TCP)) {
+        c->flags |= CF_TCP;
+        index_client(c);
+    }
+}
+
 static __always_inline void learn_sock(__u64 sk)
 {
     struct conn *c = current_conn();
@@ -1034,10 +1196,7 @@ static __always_inline void learn_sock(__u64 sk)
     if (t) {
         c->t = *t;
         c->flags |= CF_TUPLE;
-        if (OUTGOING && c->flags & CF_CLIENT && c->flags & CF_TCP) { /* tcp_sendmsg ran first */
-            __u64 key = conn_key(c->tgid, c->fd);
-            clients.update(&c->t, &key);
-        }
+        index_client(c);
     }
 }
 
@@ -1083,25 +1242,19 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 #if TCP_SENDMSG_HOOK == TCP_SENDMSG_FENTRY
 KFUNC_PROBE(tcp_sendmsg, struct sock *sk)
 {
-    struct conn *c = current_conn();
-    if (c)
-        c->flags |= CF_TCP;
+    mark_tcp();
     return 0;
 }
 #elif TCP_SENDMSG_HOOK == TCP_SENDMSG_KPROBE
 int kprobe__tcp_sendmsg(struct pt_regs *ctx, struct sock *sk)
 {
-    struct conn *c = current_conn();
-    if (c)
-        c->flags |= CF_TCP;
+    mark_tcp();
     return 0;
 }
 #else
 TRACEPOINT_PROBE(tcp, tcp_sendmsg_locked)
 {
-    struct conn *c = current_conn();
-    if (c)
-        c->flags |= CF_TCP;
+    mark_tcp();
     return 0;
 }
 #endif
@@ -1134,6 +1287,74 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     notify(N_EXIT, tgid);
     return 0;
 }
+
+/* ---- TLS: the plaintext, from the library (OpenSSL's SSL_read/SSL_write
+ * and their _ex forms, attached by userspace to each libssl a traced process
+ * maps). An SSL * is tied to its connection by the thread's last read or
+ * write of a CF_TLS connection before the call returns (inside the call for
+ * a socket BIO; just before it for a memory BIO, as Python's asyncio does),
+ * and checked against the connection's socket on every later call. */
+static __always_inline int ssl_enter(struct pt_regs *ctx, __u32 flags)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    if (!is_tracked(id >> 32))
+        return 0;
+    struct ssl_call call = {.ssl = PT_REGS_PARM1(ctx), .buf = PT_REGS_PARM2(ctx),
+                            .done = flags & SSL_EX ? PT_REGS_PARM4(ctx) : 0,
+                            .enter_ns = bpf_ktime_get_ns(), .flags = flags};
+    ssl_calls.update(&id, &call);
+    return 0;
+}
+
+static __always_inline struct conn *ssl_conn_of(__u64 ssl, __u64 id)
+{
+    struct ssl_conn *known = ssl_conns.lookup(&ssl);
+    if (known) {
+        struct conn *c = conns.lookup(&known->key);
+        if (c && c->sk == known->sk && c->flags & CF_TLS) {
+            c->flags |= CF_TLS_PLAIN;
+            return c;
+        }
+    }
+    __u32 tid = id;
+    __u64 *key = tls_threads.lookup(&tid);
+    struct conn *c = key ? conns.lookup(key) : NULL;
+    if (!c || !(c->flags & CF_TLS))
+        return NULL;
+    struct ssl_conn learned = {.key = *key, .sk = c->sk};
+    ssl_conns.update(&ssl, &learned);
+    c->flags |= CF_TLS_PLAIN;
+    return c;
+}
+
+int ssl_leave(struct pt_regs *ctx)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    struct ssl_call *call = ssl_calls.lookup(&id);
+    if (!call)
+        return 0;
+    long n = (int)PT_REGS_RC(ctx);
+    if (call->flags & SSL_EX) { /* 1 and the count in *done, or 0 */
+        __u64 done = 0;
+        if (n != 1 || bpf_probe_read_user(&done, sizeof(done), (void *)call->done))
+            done = 0;
+        n = done;
+    }
+    struct conn *c = n > 0 ? ssl_conn_of(call->ssl, id) : NULL;
+    if (c) {
+        struct args a = {.ptr = call->buf, .enter_ns = call->enter_ns, .fd = c->fd,
+                         .kind = K_FLAT | (call->flags & SSL_WRITE ? SEND : 0)};
+        dispatch(c, &a, n, id);
+    }
+    ssl_calls.delete(&id);
+    tails(ctx, 1);
+    return 0;
+}
+
+int ssl_read_enter(struct pt_regs *ctx) { return ssl_enter(ctx, 0); }
+int ssl_read_ex_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_EX); }
+int ssl_write_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_WRITE); }
+int ssl_write_ex_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_WRITE | SSL_EX); }
 
 #if RUNQ
 /* Run-queue wait of tracked processes' threads: from a thread becoming

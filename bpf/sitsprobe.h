@@ -83,7 +83,7 @@
 #ifndef STREAM_PAGES
 #define STREAM_PAGES 4096
 #endif
-#define CHUNK_IOVS 16 /* iovec entries of a vectored call copied, at most (gRPC writes many) */
+#define CHUNK_IOVS 16 /* iovec entries of a vectored call copied a run of send_chunk */
 
 #define MAX_OVERFLOW 65536 /* connections the full conns table could not take, still counted */
 #define SCAN_CHUNK 256     /* HEAD_SCAN is searched this many bytes at a time */
@@ -110,6 +110,10 @@ enum conn_state {
 #define CF_CLIENT 0x100   /* the process opened it (connect): it sends the requests, reads the responses */
 #define CF_BY_PROCESS 0x200 /* link_key: the process's latest server exchange; the thread served none */
 #define CF_STREAM 0x400   /* HTTP/2 (its preface was seen): its bytes go to `streams`, struct chunk */
+#define CF_TLS 0x800      /* TLS in a process whose library is hooked: framed from its plaintext */
+#define CF_TLS_PLAIN 0x1000 /* ... and the library's plaintext has come (else, after TLS_GRACE
+                             * calls, the connection is another library's: ciphertext, opaque) */
+#define TLS_GRACE 16        /* reads and writes of a CF_TLS connection before its plaintext must come */
 
 /* struct exchange_event.reason: why the exchange was reported */
 enum end_reason {
@@ -181,6 +185,7 @@ struct conn {
     __u64 link_key;
     __u64 link_start;
     __u32 calls; /* exchanges linked to this one so far: its outgoing calls, or a traced callee's */
+    __u32 tls_calls; /* CF_TLS without CF_TLS_PLAIN yet: its ciphertext reads and writes so far */
     __u8 req[REQ_CAP];
     __u8 resp[RESP_CAP];
     __u8 tp[TP_CAP]; /* what followed the header name, up to the line end or TP_CAP */
@@ -258,10 +263,28 @@ struct chunk_head {
     __u16 flags; /* the conn's: CF_CLIENT, CF_TUPLE */
     __u8 dir;    /* enum chunk_dir: in = the process read them */
     struct tuple t;
-};
+    __u64 link_key;   /* as struct conn.link_key, for the streams this chunk begins: a client's */
+    __u64 link_start; /* write, the server exchange its thread serves; a server's read, the */
+};                    /* traced client connection at the other end */
 struct chunk {
     struct chunk_head h;
     __u8 data[2 * CHUNK_CAP];
+};
+
+/* A TLS library call in progress (`ssl_calls`, by pid_tgid), and what an
+ * SSL * was found to be (`ssl_conns`). */
+#define SSL_WRITE 0x1 /* struct ssl_call.flags: SSL_write(_ex) */
+#define SSL_EX 0x2    /* ... the _ex form: 1 or 0, the count through its fourth argument */
+struct ssl_call {
+    __u64 ssl;
+    __u64 buf;
+    __u64 done; /* size_t *: the _ex forms' count */
+    __u64 enter_ns;
+    __u32 flags;
+};
+struct ssl_conn {
+    __u64 key; /* its conn */
+    __u64 sk;  /* that conn's socket then: a new connection on the same fd is another */
 };
 
 /* The server exchange a thread is serving: the `serving` map, by thread id. */

@@ -27,7 +27,9 @@ ST_IDLE, ST_READING, ST_RESPONDING = 0, 1, 2
 
 # struct conn.flags
 CF_TUPLE, CF_TCP, CF_CHUNK_END, CF_SEEDED, CF_MISSED, CF_INTERIM = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
-CF_BODY, CF_BODY_NEXT, CF_CLIENT, CF_BY_PROCESS, CF_STREAM = 0x40, 0x80, 0x100, 0x200, 0x400
+CF_BODY, CF_BODY_NEXT, CF_CLIENT, CF_BY_PROCESS, CF_STREAM, CF_TLS, CF_TLS_PLAIN = (
+    0x40, 0x80, 0x100, 0x200, 0x400, 0x800, 0x1000)
+TLS_GRACE = 16
 
 # enum end_reason: struct exchange_event.reason (END_FLUSH and END_EXIT: userspace only)
 END_NEXT, END_CLOSE, END_FLUSH, END_EXIT, END_RESPONSE = 1, 2, 3, 4, 5
@@ -45,6 +47,9 @@ NET_COUNTERS = _in_order({
 # enum call_kind: struct args.kind (the `inflight` map), with SEND and UNTRACKED or-ed in
 K_FLAT, K_IOV, K_MSG, K_NOCOPY, K_ACCEPT, K_CONNECT = 1, 2, 3, 4, 5, 6
 SEND, UNTRACKED, OTHER_READ = 0x100, 0x200, 0x400
+
+# struct ssl_call.flags
+SSL_WRITE, SSL_EX = 0x1, 0x2
 
 # enum chunk_dir: struct chunk.dir
 CH_IN, CH_OUT, CH_CLOSE = 1, 2, 3

@@ -18,6 +18,8 @@ from .events import Chunk, Exchange, MarkerEvent, ProcessNotice
 from .export import otlp_settings
 from .export.otlp import TraceExporter, within
 from .export.prom import (
+    Http2Metrics,
+    JoinMetrics,
     KernelMetrics,
     RequestMetrics,
     SignalAccounting,
@@ -43,6 +45,8 @@ from .stitch.segments import StageSegments, segments
 log = logging.getLogger("sitsprobe")
 
 
+TLS_LOOK_EVERY_S = 2.0  # a traced process without libssl mapped: looked at again this often
+
 def selector_of(config: Config) -> procs.Selector:
     s = config.select
     return procs.Selector(pids=s.pids, comms=s.comms, cmdline=s.cmdline, ports=s.ports)
@@ -64,6 +68,8 @@ class Agent:
         self.metrics = RequestMetrics()
         self.sampler = TraceSampler(config.traces.max_per_second, config.traces.keep_slowest)
         self.joiner = Joiner(config.stitch.join_wait_ms * 1_000_000)
+        self._tls_next: dict[int, float] = {}  # pid -> when to look for its libssl again
+        self._tls_said: set[int] = set()  # pids whose opaque TLS the log explained
         routes = RouteMapper(list(config.routes.templates), config.routes.collapse_ids, config.routes.max_routes)
         self.stitcher = Stitcher(routes, writes_per_exchange=config.capture.max_writes)
         self.streams = StreamStitcher(routes, lambda pid: self.tracked.get(pid, "?"))
@@ -228,6 +234,10 @@ class Agent:
     def _register_metrics(self, registry: CollectorRegistry) -> None:
         registry.register(self.metrics)
         registry.register(SpanAccounting(self.exporter.accounting))
+        registry.register(Http2Metrics(self.streams.counts))
+        registry.register(JoinMetrics(lambda: dict(self.joiner.joined), lambda: self.joiner.timed_out,
+                                      lambda: {pid: (self.tracked.get(pid, "?"), lib)
+                                               for pid, lib in self.probe.tls.covered.items()}))
         registry.register(SignalAccounting(self._signal_tallies))
         registry.register(KernelMetrics(
             self._counters, self._status_rows, self._gauges,
@@ -261,6 +271,7 @@ class Agent:
 
     def _track(self, info: procs.ProcInfo) -> None:
         self.probe.track(info.pid)
+        self._tls(info.pid, time.monotonic())
         self.tracked[info.pid] = self.names[info.pid] = info.comm
         self.containers[info.pid] = container_of(info.pid)
         listening = procs.listening_ports(info.pid)
@@ -276,6 +287,24 @@ class Agent:
         log.info("tracking %s[%d]%s", info.comm, info.pid,
                  f": {len(seeded)} connection(s) from before, {adopted} read(s) in progress"
                  if seeded else "")
+
+    def _tls(self, pid: int, now: float) -> None:
+        """Read pid's TLS through its libssl, if it maps one yet (Python loads
+        ssl when first imported): looked for again every few seconds until then."""
+        if not self.config.capture.tls or now < self._tls_next.get(pid, 0.0):
+            return
+        if self.probe.tls.attach(pid) is None:
+            self._tls_next[pid] = now + TLS_LOOK_EVERY_S
+        else:
+            self._tls_next[pid] = float("inf")
+
+    def _say_tls(self, pid: int) -> None:
+        """Once per process: its TLS stays opaque, and why."""
+        from .probes.tls import tls_status
+
+        self._tls_said.add(pid)
+        if self.config.capture.tls:
+            log.info("%s[%d]: TLS not decrypted: %s", self.tracked.get(pid, "?"), pid, tls_status(pid)[1])
 
     def _process_name(self, pid: int, thread: str) -> str:
         """The name an exchange made by a thread named ``thread`` goes by: the
@@ -303,6 +332,9 @@ class Agent:
         for ex in self.probe.forget(pid):
             self._take(ex, self.stitcher.on_flush(exited(ex), final=True))
         self.stitcher.forget(pid)
+        self.probe.tls.forget(pid)
+        self._tls_next.pop(pid, None)
+        self._tls_said.discard(pid)
         self._emit(self.streams.forget(pid, time.monotonic_ns()))
         self.joiner.forget(pid)
         self._fold_counts(pid)
@@ -342,6 +374,9 @@ class Agent:
                 self._thread_names = {k: v for k, v in self._thread_names.items() if k[0] != pid}
         for pid in [p for p in self.tracked if p not in found and procs.read_info(p) is None]:
             self._retire(pid)
+        now = time.monotonic()
+        for pid in list(self.tracked):
+            self._tls(pid, now)
         if self.cache is not None:
             self.cache.rescan()
         if self.markers is not None:
@@ -462,6 +497,8 @@ class Agent:
                 self._remember(r)
             self.requests_seen += 1
             self.metrics.observe(r)
+            if r.protocol == "tls" and r.pid not in self._tls_said:
+                self._say_tls(r.pid)
             self._send(self.joiner.add(r, now), now)
 
     def _send(self, traces: list[Trace], now: int) -> None:

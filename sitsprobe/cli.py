@@ -93,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="what this kernel offers and which hook each probe will use")
     doc.add_argument("--json", action="store_true", help="machine-readable report")
     doc.add_argument("-c", "--config", metavar="FILE", help="YAML config (for kernel_headers)")
+    doc.add_argument("--pid", type=int, action="append", metavar="PID", default=[],
+                     help="also say whether this process's TLS can be read, and why not (repeatable)")
 
     heat = sub.add_parser("heatmap", help="cache-miss heatmaps from a running agent")
     heat.add_argument("--url", default="http://127.0.0.1:9102", help="the agent's metrics address")
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "doctor":
             from . import doctor
             headers = cfg.load(a.config).kernel_headers if a.config else None
-            return doctor.run(a.json, configured_headers=headers)
+            return doctor.run(a.json, configured_headers=headers, pids=a.pid)
         conf = cfg.load(a.config)
         print(cfg.dump(conf) if a.show else f"{a.config or '<defaults>'}: ok", end="\n" if not a.show else "")
         return 0

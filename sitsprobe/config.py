@@ -43,6 +43,7 @@ class Capture:
     max_writes: int
     max_payloads: int
     stream_bytes: int
+    tls: bool
 
 
 @dataclass(frozen=True)
@@ -358,6 +359,7 @@ _RULES: dict[str, Rule] = {
     "capture.max_writes": _int(1, 1048576),
     "capture.max_payloads": _int(16, 1048576),
     "capture.stream_bytes": _int(256, 16384, pow2=True),
+    "capture.tls": _BOOL,
     "ring_buffer_mib": _int(1, 1024, pow2=True),
     "stitch.flush_interval_ms": _int(10, 60000),
     "stitch.max_connections": _int(64, 1048576),

@@ -113,6 +113,9 @@ def render_text(r: dict) -> str:
     for group, points in r["plan"].items():
         out.append(f"probe points ({group})")
         out += [_row(h is not None, p, h or "no working hook") for p, h in points.items()]
+    if r.get("tls"):
+        out.append("tls (per process)")
+        out += [_row(t["ok"], f"pid {pid}", t["detail"]) for pid, t in r["tls"].items()]
     if r["notes"]:
         out.append("fallbacks")
         out += [textwrap.fill(n, WIDTH, initial_indent="  ", subsequent_indent="    ",
@@ -126,8 +129,11 @@ def render_text(r: dict) -> str:
     return "\n".join(out)
 
 
-def run(json_out: bool, configured_headers: str | None = None) -> int:
+def run(json_out: bool, configured_headers: str | None = None, pids: list[int] = ()) -> int:
     """Print the report; 0 when the agent can run here, else 1."""
     r = report(configured_headers=configured_headers)
+    if pids:
+        from sitsprobe.probes.tls import tls_status
+        r["tls"] = {str(pid): dict(zip(("ok", "detail"), tls_status(pid))) for pid in pids}
     print(json.dumps(r, indent=2) if json_out else render_text(r))
     return 0 if r["ok"] else 1

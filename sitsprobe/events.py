@@ -64,6 +64,8 @@ class Chunk(NamedTuple):
     local: Endpoint | None
     peer: Endpoint | None
     data: bytes
+    link_key: int = 0  # struct chunk_head.link_key/link_start: what the streams it begins belong to
+    link_start: int = 0
 
 
 class Beat(NamedTuple):

@@ -35,6 +35,7 @@ class Link(NamedTuple):
     fd: int
     start_ns: int
     by_process: bool = False  # the process's latest request: the calling thread read none
+    stream: int = 0  # a server HTTP/2 stream's link: the caller's call is the stream of this id
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +212,7 @@ class Request(NamedTuple):
     # io, cache (sitsprobe.stitch.segments): they add up to the duration
     link: Link | None = None  # what it belongs to, by the kernel's account (stitch.join)
     h2: H2 | None = None  # an HTTP/2 stream (protocol "http/2"): its stream, gRPC status, messages
+    tls: bool = False  # framed from the plaintext a TLS library handed over (probes.tls)
     calls: int = 0  # requests the kernel linked to this one (its outgoing calls; a traced callee)
 
     @property

@@ -21,7 +21,7 @@ http {{
     uwsgi_temp_path {d}/tmp;
     scgi_temp_path {d}/tmp;
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{listen};
         location / {{ root {d}/www; }}
 {locations}
     }}
@@ -29,11 +29,12 @@ http {{
 """
 
 
-def static_site(d: Path, port: int, locations: str = "") -> list[str]:
+def static_site(d: Path, port: int, locations: str = "", tls: tuple[str, str] | None = None) -> list[str]:
     """Write the site and its config under d, with more `location` blocks if
-    given; the nginx command that serves it."""
+    given, over HTTPS with ``tls`` (certificate, key); the nginx command that serves it."""
     (d / "www").mkdir(parents=True)
     (d / "tmp").mkdir()
     (d / "www" / "index.html").write_text("<h1>sitsprobe</h1>\n" * 20)
-    (d / "nginx.conf").write_text(NGINX_CONF.format(d=d, port=port, locations=locations))
+    listen = f" ssl;\n        ssl_certificate {tls[0]};\n        ssl_certificate_key {tls[1]}" if tls else ""
+    (d / "nginx.conf").write_text(NGINX_CONF.format(d=d, port=port, locations=locations, listen=listen))
     return ["nginx", "-c", str(d / "nginx.conf"), "-p", str(d)]

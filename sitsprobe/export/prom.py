@@ -378,6 +378,55 @@ class KernelMetrics:
             yield GaugeMetricFamily(f"sitsprobe_{name}", name.replace("_", " "), value=value)
 
 
+class JoinMetrics:
+    """How requests found their traces (stitch.join), and whose TLS is read."""
+
+    def __init__(self, joined: Callable[[], dict[str, int]], timed_out: Callable[[], int],
+                 tls: Callable[[], dict[int, tuple[str, str]]]):
+        """tls: pid -> (process, the libssl its plaintext is read through)."""
+        self._joined, self._timed_out, self._tls = joined, timed_out, tls
+
+    def collect(self):
+        joins = CounterMetricFamily("sitsprobe_trace_joins", "Requests given a parent span from what the "
+                                    "kernel linked, by how: thread, process (a worker thread's), "
+                                    "connection (a traced caller's call)", labels=("via",))
+        for via, n in self._joined().items():
+            joins.add_metric([via], n)
+        yield joins
+        yield CounterMetricFamily("sitsprobe_trace_joins_timed_out", "Requests that waited "
+                                  "stitch.join_wait_ms for what they belong to, and went out alone",
+                                  value=self._timed_out())
+        tls = GaugeMetricFamily("sitsprobe_tls_processes", "Traced processes whose TLS plaintext is read "
+                                "through uprobes on their libssl", labels=("pid", "process", "library"))
+        for pid, (comm, library) in sorted(self._tls().items()):
+            tls.add_metric([str(pid), comm, library], 1)
+        yield tls
+
+
+class Http2Metrics:
+    """HTTP/2 connections framed by the agent (stitch.streams), by process."""
+
+    DOCS = {
+        "connections": "HTTP/2 connections the agent framed",
+        "partial": "of those, connections not decoded whole (their start missed, bytes not "
+                   "captured, a header block it could not decode): their streams say why",
+        "frame_errors": "malformed HTTP/2 frames seen (counted and skipped, never attributed)",
+        "skipped_bytes": "HTTP/2 bytes not decoded once a connection's framing was lost",
+        "window_updates_in": "WINDOW_UPDATE frames the traced process received (its peer let it send more)",
+        "window_updates_out": "WINDOW_UPDATE frames the traced process sent",
+    }
+
+    def __init__(self, counts: Callable[[], dict[tuple[str, str], int]]):
+        self._counts = counts
+
+    def collect(self):
+        families = {what: CounterMetricFamily(f"sitsprobe_http2_{what}", doc, labels=("process",))
+                    for what, doc in self.DOCS.items()}
+        for (process, what), n in sorted(self._counts().items()):
+            families[what].add_metric([process], n)
+        yield from families.values()
+
+
 class SpanAccounting:
     """What became of the spans handed to each trace sink (otlp, file):
     offered = delivered + dropped{reason} + pending, pending 0 after a flush."""

@@ -194,7 +194,7 @@ def _http(req: Request) -> dict:
     else:
         attrs.update({
             "http.route": req.route,
-            "url.scheme": (req.h2.scheme if req.h2 is not None else None) or "http",
+            "url.scheme": (req.h2.scheme if req.h2 is not None else None) or ("https" if req.tls else "http"),
             "url.path": req.path,
             "url.query": (target or "").partition("?")[2].partition("#")[0] or None,
         })
@@ -219,7 +219,7 @@ def _url_full(req: Request, target: str | None) -> str | None:
         return target
     if not target.startswith("/"):  # "*", or a CONNECT's authority-form
         return None
-    scheme = (req.h2.scheme if req.h2 is not None else None) or "http"
+    scheme = (req.h2.scheme if req.h2 is not None else None) or ("https" if req.tls else "http")
     if req.h2 is not None and req.h2.authority:
         return f"{scheme}://{req.h2.authority.rpartition('@')[2]}{target}"  # never a userinfo
     server = server_endpoint(req)

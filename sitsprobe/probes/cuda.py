@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ..abi import CUDA_COUNTERS as COUNTERS
 from ..errors import ProbeAttachError
 from ..gpu.cuda import DIRECTIONS, FUNCTIONS, CudaCount
+from .libs import MappedLibrary, mapped_libraries
 from .net import bpf_dir
 
 log = logging.getLogger("sitsprobe.cuda")
@@ -44,20 +45,6 @@ _VARIANT = re.compile(r"^(\w+?)(_ptsz|_ptds)?$")
 WAITS_KEPT = 4096  # device waits remembered per process, the newest: for the requests still open
 
 
-@dataclass(frozen=True, slots=True)
-class MappedLibrary:
-    """A CUDA library file some process has mapped."""
-
-    kind: str  # RUNTIME or DRIVER
-    path: str  # as the process sees it (its mount namespace)
-    dev: str  # st_dev as /proc/PID/maps prints it: one file, however reached
-    inode: int
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.dev, self.inode)
-
-
 @dataclass(slots=True)
 class Attachment:
     library: MappedLibrary
@@ -74,24 +61,7 @@ def cflags(*, max_keys: int = 16384, max_allocs: int = 65536) -> list[str]:
 
 def cuda_libraries(pid: int, proc: str = "/proc") -> list[MappedLibrary]:
     """The CUDA runtime/driver libraries mapped by pid (empty if it is gone)."""
-    try:
-        with open(f"{proc}/{pid}/maps") as f:
-            lines = f.read().splitlines()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return []
-    found: dict[tuple[str, int], MappedLibrary] = {}
-    for line in lines:
-        if "/libcuda" not in line:  # most of a CUDA process's thousands of mappings
-            continue
-        parts = line.split(None, 5)
-        if len(parts) < 6 or not parts[5].startswith("/") or parts[5].endswith(" (deleted)"):
-            continue
-        path, inode = parts[5], int(parts[4])
-        name = path.rsplit("/", 1)[-1]
-        for kind, pattern in _LIBRARY.items():
-            if pattern.match(name) and (parts[3], inode) not in found:
-                found[(parts[3], inode)] = MappedLibrary(kind, path, parts[3], inode)
-    return list(found.values())
+    return mapped_libraries(pid, _LIBRARY, "/libcuda", proc)
 
 
 def probe_points(kind: str, exported: Iterable[tuple[str, int]],

@@ -38,6 +38,9 @@ NET_POINTS: dict[str, list[Hook]] = {
     # agent runs without them and says so
     "run_queue": [Hook(TRACEPOINT, "sched:sched_switch")],
     "run_queue_wakeup": [Hook(TRACEPOINT, "sched:sched_wakeup")],
+    # connections traced processes open (stitch.outgoing) and TLS plaintext (capture.tls): optional
+    "connect": _syscall("connect"),
+    "tls_library": [Hook(UPROBE, "libssl:SSL_read,SSL_write,SSL_read_ex,SSL_write_ex")],
     **{
         sc: _syscall(sc)
         for sc in (
@@ -48,7 +51,7 @@ NET_POINTS: dict[str, list[Hook]] = {
     },
 }
 
-OPTIONAL = frozenset({"run_queue", "run_queue_wakeup"})  # points the agent can do without
+OPTIONAL = frozenset({"run_queue", "run_queue_wakeup", "connect", "tls_library"})  # the agent runs without
 PROBES: dict[str, dict[str, list[Hook]]] = {"net": NET_POINTS}
 
 

@@ -20,6 +20,7 @@ from .hooks import FENTRY, KPROBE, TRACEPOINT, Hook
 from .layout import Layout
 from .maps import MapCopy
 from .ring import DrainBudget
+from .tls import TlsHooks
 
 BPF_NOEXIST = 1  # map update flag: create only
 _HOOK_CODE = {FENTRY: TCP_SENDMSG_FENTRY, KPROBE: TCP_SENDMSG_KPROBE, TRACEPOINT: TCP_SENDMSG_TRACEPOINT}
@@ -170,7 +171,7 @@ class ChunkDecoder:
     """A `struct chunk` ring record (its head, then the bytes copied) as a Chunk."""
 
     _FIELDS = ("tgid", "fd", "ts_ns", "size", "len", "flags", "dir", "t.family", "t.lport",
-               "t.rport", "t.laddr", "t.raddr")
+               "t.rport", "t.laddr", "t.raddr", "link_key", "link_start")
 
     def __init__(self, chunk_type):
         head = dict(chunk_type._fields_)["h"]
@@ -180,13 +181,13 @@ class ChunkDecoder:
         self._pick = itemgetter(*(layout.at[f] for f in self._FIELDS))
 
     def __call__(self, buf: bytes) -> Chunk:
-        tgid, fd, ts_ns, size, n, flags, direction, family, lport, rport, laddr, raddr = \
-            self._pick(self._unpack(buf))
+        tgid, fd, ts_ns, size, n, flags, direction, family, lport, rport, laddr, raddr, link_key, \
+            link_start = self._pick(self._unpack(buf))
         tuple_ok = flags & CF_TUPLE
         return Chunk(tgid, fd, ts_ns, direction, size, flags,
                      _endpoint(family, laddr, lport) if tuple_ok else None,
                      _endpoint(family, raddr, rport) if tuple_ok else None,
-                     buf[self._size:self._size + n])
+                     buf[self._size:self._size + n], link_key, link_start)
 
 
 class NetProbe:
@@ -202,6 +203,8 @@ class NetProbe:
         self._bpf = BPF(src_file=str(bpf_dir() / "net.c").encode(), cflags=flags)
         for i, name in enumerate((b"scan_head", b"send_beat", b"send_chunk")):  # tail-called, never attached
             self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(self._bpf.load_func(name, BPF.TRACEPOINT).fd)
+            self._bpf[b"uscan_prog"][ct.c_int(i)] = ct.c_int(self._bpf.load_func(b"u" + name, BPF.KPROBE).fd)
+        self.tls = TlsHooks(self._bpf)
         self._conns = self._bpf["conns"]
         self._tracked = self._bpf["tracked"]
         self._conn_type = self._conns.Leaf

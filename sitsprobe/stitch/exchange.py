@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import replace
 
-from ..abi import CF_BY_PROCESS, CF_CLIENT
+from ..abi import CF_BY_PROCESS, CF_CLIENT, CF_TLS
 from ..events import END_EXIT, Beat, Exchange
 from ..request import Link, Request, Write
 from ..routes import RouteMapper
@@ -93,11 +93,12 @@ class Stitcher:
 
     def requests(self, ex: Exchange) -> list[Request]:
         requests = protocol_of(ex).requests(ex, self._routes)
-        if ex.flags & CF_CLIENT or ex.link_key or ex.calls:
+        if ex.flags & (CF_CLIENT | CF_TLS) or ex.link_key or ex.calls:
             link = Link(ex.link_key >> 32, ex.link_key & 0xFFFFFFFF, ex.link_start,
                         bool(ex.flags & CF_BY_PROCESS)) if ex.link_key else None
             direction = "client" if ex.flags & CF_CLIENT else "server"
-            requests = [r._replace(direction=direction, link=link, calls=ex.calls) for r in requests]
+            requests = [r._replace(direction=direction, link=link, calls=ex.calls, tls=bool(ex.flags & CF_TLS))
+                        for r in requests]
         return requests
 
 

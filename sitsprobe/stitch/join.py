@@ -85,10 +85,22 @@ class _Placed:
     span_id: int
     start_ns: int
     end_ns: int
+    stream: int = 0  # an HTTP/2 call's stream id
 
 
 def _via(call: Request) -> str:
     return "process" if call.link.by_process else "thread"
+
+
+def _stream(call: Request) -> int:
+    return call.h2.stream_id if call.h2 is not None else 0
+
+
+def _answers(served: Request, start_ns: int, end_ns: int, stream: int) -> bool:
+    """Whether a server request on a traced caller's connection answers the call
+    made on it from start_ns to end_ns: it began meanwhile, on the same HTTP/2
+    stream where it has one."""
+    return start_ns <= served.start_ns <= end_ns and (not served.link.stream or served.link.stream == stream)
 
 
 class Joiner:
@@ -131,10 +143,10 @@ class Joiner:
                 parent.children.append((node, _via(req)))
         else:
             conn = (link.pid, link.fd)
-            parent = next((n for n in self._open_calls.get(conn, ()) if n.req.start_ns <= req.start_ns
-                           <= n.req.end_ns), None)
+            parent = next((n for n in self._open_calls.get(conn, ()) if _answers(req, n.req.start_ns,
+                           n.req.end_ns, _stream(n.req))), None)
             placed = None if parent is not None else next(
-                (p for p in self._calls.get(conn, ()) if p.start_ns <= req.start_ns <= p.end_ns), None)
+                (p for p in self._calls.get(conn, ()) if _answers(req, p.start_ns, p.end_ns, p.stream)), None)
             if placed is not None:
                 return out + self._late(node, placed, "connection")
             if parent is None:
@@ -191,7 +203,7 @@ class Joiner:
         else:
             conn = (r.pid, r.fd)
             waiting = self._for_call.get(conn, [])
-            candidates = [n for n in waiting if r.start_ns <= n.req.start_ns <= r.end_ns]
+            candidates = [n for n in waiting if _answers(n.req, r.start_ns, r.end_ns, _stream(r))]
             if candidates:
                 rest = [n for n in waiting if n not in candidates]
                 if rest:
@@ -229,7 +241,7 @@ class Joiner:
         trace.spans.append(span)
         if r.calls:  # later requests may belong to this one
             self._close(r)
-            self._remember(r, _Placed(trace, span.span_id, r.start_ns, r.end_ns))
+            self._remember(r, _Placed(trace, span.span_id, r.start_ns, r.end_ns, _stream(r)))
         for child, how in node.children:
             self.joined[how] += 1
             self._place(trace, child, trace_id, span.span_id, how)
@@ -240,7 +252,7 @@ class Joiner:
             if len(self._servers) > self._max:
                 self._servers.popitem(last=False)
             return
-        calls = self._calls.setdefault((r.pid, r.fd), deque(maxlen=4))
+        calls = self._calls.setdefault((r.pid, r.fd), deque(maxlen=64))  # an HTTP/2 connection's, many
         calls.append(placed)
         if len(self._calls) > self._max:
             self._calls.pop(next(iter(self._calls)))

@@ -202,18 +202,23 @@ class Nginx(Owned):
 
     name = "nginx"
 
-    def __init__(self, agent: AgentHandle, d: Path, port: int | None = None, locations: str = ""):
+    def __init__(self, agent: AgentHandle, d: Path, port: int | None = None, locations: str = "",
+                 tls: tuple[str, str] | None = None):
         from tests.nginx import static_site
 
         if not shutil.which("nginx"):
             pytest.skip("no nginx on PATH: .ci/run installs it")
         self.port = port or free_port()
-        self.proc = subprocess.Popen(static_site(d, self.port, locations))
+        self.proc = subprocess.Popen(static_site(d, self.port, locations, tls))
         self.pid = self.proc.pid
-        self.workers = wait_until(self._workers, 10, "the nginx worker")
-        self.pids = [self.pid, *self.workers]
-        wait_until(lambda: all(agent.tracks(p) for p in self.workers), 10, "the agent to track nginx")
-        wait_until(lambda: accepts(self.port), 10, f"nginx on port {self.port}")
+        try:
+            self.workers = wait_until(self._workers, 10, "the nginx worker")
+            self.pids = [self.pid, *self.workers]
+            wait_until(lambda: all(agent.tracks(p) for p in self.workers), 10, "the agent to track nginx")
+            wait_until(lambda: accepts(self.port), 10, f"nginx on port {self.port}")
+        except BaseException:  # not yet in a with block: nothing else would stop it
+            self.stop()
+            raise
 
     def _workers(self) -> list[int]:
         if self.proc.poll() is not None:

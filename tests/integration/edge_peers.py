@@ -1,7 +1,8 @@
 """Servers no one here wrote, for the wire-edge tests, each run as a subprocess:
 
     python edge_peers.py asgi [--tls CERT KEY]   # uvicorn (h11, asyncio), HTTP/1.1 or over TLS
-    python edge_peers.py grpc                    # grpcio, one unary method on raw bytes (HTTP/2)
+    python edge_peers.py grpc [--tls CERT KEY]   # grpcio, one unary method on raw bytes (HTTP/2),
+                                                 # over TLS: grpcio's own BoringSSL
 
 Each names its process (comm) after itself before it makes a thread, so the
 agent's per-process labels tell the peers apart, prints its port, and serves
@@ -23,7 +24,7 @@ from pathlib import Path
 
 TAG = "sitsprobe-testserver"
 GREETER, SAY_HELLO = "sitsprobe.Greeter", "SayHello"
-COMMS = {"asgi": "sp-edge-asgi", "tls": "sp-edge-tls", "grpc": "sp-edge-grpc"}
+COMMS = {"asgi": "sp-edge-asgi", "tls": "sp-edge-tls", "grpc": "sp-edge-grpc", "grpcs": "sp-edge-grpcs"}
 
 
 def name_process(comm: str) -> None:
@@ -59,7 +60,7 @@ def serve_asgi(tls: tuple[str, str] | None) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
-def serve_grpc() -> None:
+def serve_grpc(tls: tuple[str, str] | None) -> None:
     from concurrent import futures
 
     import grpc
@@ -70,7 +71,11 @@ def serve_grpc() -> None:
     handler = grpc.method_handlers_generic_handler(
         GREETER, {SAY_HELLO: grpc.unary_unary_rpc_method_handler(hello)})  # no (de)serializers: bytes
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), handlers=[handler])
-    port = server.add_insecure_port("127.0.0.1:0")
+    if tls:
+        cert, key = (open(f, "rb").read() for f in tls)
+        port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key, cert)]))
+    else:
+        port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(port, flush=True)
     server.wait_for_termination()
@@ -80,7 +85,7 @@ class Peer:
     """One of the servers above in a subprocess (argv: ... --tag sitsprobe-testserver)."""
 
     def __init__(self, kind: str, *args: str):
-        self.kind = "tls" if "--tls" in args else kind
+        self.kind = ("grpcs" if kind == "grpc" else "tls") if "--tls" in args else kind
         self.comm = COMMS[self.kind]
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__)), kind, *args, "--tag", TAG],
                                      stdout=subprocess.PIPE, text=True)
@@ -109,9 +114,9 @@ def main() -> None:
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     ap.add_argument("--tag", default=TAG)
     a = ap.parse_args()
-    name_process(COMMS["tls" if a.tls else a.kind])
+    name_process(COMMS[("grpcs" if a.kind == "grpc" else "tls") if a.tls else a.kind])
     if a.kind == "grpc":
-        serve_grpc()
+        serve_grpc(tuple(a.tls) if a.tls else None)
     else:
         serve_asgi(tuple(a.tls) if a.tls else None)
 

@@ -1,6 +1,6 @@
 """HTTP/2 servers no one here wrote, for the HTTP/2 and gRPC tests.
 
-    python h2_peers.py grpc|hypercorn --tag TAG
+    python h2_peers.py grpc|hypercorn --tag TAG [--tls CERT KEY]
 
 prints its port on stdout's first line, then serves until killed.
 
@@ -65,7 +65,7 @@ async def asgi(scope, receive, send):
     await send({"type": "http.response.body", "body": body})
 
 
-def serve_hypercorn() -> None:
+def serve_hypercorn(tls: list[str] | None) -> None:
     import asyncio
 
     from hypercorn.asyncio import serve
@@ -77,6 +77,8 @@ def serve_hypercorn() -> None:
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]
     config.loglevel = "WARNING"
+    if tls:  # h2 over TLS, by ALPN
+        config.certfile, config.keyfile = tls
     print(port, flush=True)
     asyncio.run(serve(asgi, config))
 
@@ -85,8 +87,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("server", choices=("grpc", "hypercorn"))
     ap.add_argument("--tag", default="sitsprobe-testserver")
+    ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="hypercorn: HTTPS (h2 by ALPN)")
     a = ap.parse_args()
-    serve_grpc() if a.server == "grpc" else serve_hypercorn()
+    serve_grpc() if a.server == "grpc" else serve_hypercorn(a.tls)
 
 
 if __name__ == "__main__":

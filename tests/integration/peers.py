@@ -2,6 +2,7 @@
 aiohttp and nginx, as their users run them.
 
     python peers.py uvicorn|aiohttp --tag sitsprobe-testserver [--name COMM] [--record DIR]
+                    [--tls CERT KEY]
 
 prints its port on stdout's first line, then serves until killed. Its argv
 carries the tag so the agent selects it by command line; --name sets the
@@ -107,11 +108,12 @@ def recording_protocol(directory: str):
     return Recording
 
 
-def serve_uvicorn(sock: socket.socket, record: str | None) -> None:
+def serve_uvicorn(sock: socket.socket, record: str | None, tls: list[str] | None = None) -> None:
     import uvicorn
 
     config = uvicorn.Config(starlette_app(), log_level="warning", access_log=False, lifespan="off",
-                            http=recording_protocol(record) if record else "auto")
+                            http=recording_protocol(record) if record else "auto",
+                            **({"ssl_certfile": tls[0], "ssl_keyfile": tls[1]} if tls else {}))
     uvicorn.Server(config).run(sockets=[sock])
 
 
@@ -175,6 +177,7 @@ def main() -> None:
     ap.add_argument("--tag", default="sitsprobe-testserver")
     ap.add_argument("--name", help="the process's comm (15 bytes at most)")
     ap.add_argument("--record", help="uvicorn: append each connection's received bytes under this folder")
+    ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="uvicorn: serve HTTPS")
     a = ap.parse_args()
     if a.name:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -184,7 +187,7 @@ def main() -> None:
     sock.setblocking(False)
     print(sock.getsockname()[1], flush=True)
     if a.server == "uvicorn":
-        serve_uvicorn(sock, a.record)
+        serve_uvicorn(sock, a.record, a.tls)
     else:
         serve_aiohttp(sock)
 

@@ -27,11 +27,11 @@ CLIENT, SERVER = 3, 2
 
 
 class CallingService(Owned):
-    def __init__(self, agent, framework: str, backend: str):
+    def __init__(self, agent, framework: str, backend: str, *args: str):
         pytest.importorskip({"flask": "flask", "fastapi": "fastapi"}[framework])
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "calls_app.py"), framework, "--tag", TAG,
-             "--redis", str(REDIS_PORT), "--backend", backend], stdout=subprocess.PIPE, text=True)
+             "--redis", str(REDIS_PORT), "--backend", backend, *args], stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
         self.pid = self.proc.pid
         wait_until(lambda: agent.tracks(self.pid), 10, f"the agent to track the {framework} service")
@@ -99,6 +99,29 @@ def test_each_request_is_one_trace_through_its_calls(agent, redis, tmp_path, fra
                   {x["spanId"] for x in servers} and (s["attrs"].get("db.operation.name") in ("GET", "SET")
                                                        or s["attrs"].get("server.port") == backend.port))
         assert got == tally, (got, tally)
+
+
+def test_a_grpc_call_and_its_server_are_in_the_callers_trace(agent, redis):
+    """Flask calling a traced grpcio server: its gRPC client span under its
+    server span, and the gRPC server's span under that call (HTTP/2 stream
+    matched on the connection), one trace per request."""
+    from .test_http2 import H2Peer
+
+    with H2Peer(agent, "grpc") as grpc_server, \
+            CallingService(agent, "flask", "http://127.0.0.1:9", "--grpc", f"127.0.0.1:{grpc_server.port}") as app:
+        for i in range(6):
+            status, body = get(app.port, f"/rpc/{i}")
+            assert status == 200, body
+        servers = agent.traces.wait_for_port(app.port, 6)
+        callee = wait_until(lambda: (s := [x for x in agent.traces.for_pid(grpc_server.pid) if x["kind"] == SERVER])
+                            and len(s) >= 6 and s, 15, "the gRPC server's 6 spans")
+        index = by_id(agent.traces.spans())
+        for s in callee:
+            call = index.get(s.get("parentSpanId"))
+            assert call is not None and call["kind"] == CLIENT and call["attrs"].get("rpc.method") == \
+                "demo.Echo/Say", s
+            top = index.get(call.get("parentSpanId"))
+            assert top is not None and top in servers and top["traceId"] == s["traceId"] == call["traceId"]
 
 
 def test_a_gateway_and_its_engine_share_each_trace(agent, tmp_path):

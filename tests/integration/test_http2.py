@@ -8,8 +8,10 @@ status, equal to the client's own tally.
 from __future__ import annotations
 
 import collections
+import random
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -19,13 +21,14 @@ SERVER = 2
 
 
 class H2Peer(Owned):
-    def __init__(self, agent, server: str):
+    def __init__(self, agent, server: str, tls: tuple[str, str] | None = None):
         pytest.importorskip({"grpc": "grpc", "hypercorn": "hypercorn"}[server])
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "h2_peers.py"), server, "--tag", TAG],
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "h2_peers.py"), server, "--tag", TAG,
+                                      *(("--tls", *tls) if tls else ())], stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
         self.pid = self.proc.pid
-        wait_until(lambda: agent.tracks(self.pid), 10, f"the agent to track {server}")
+        if agent is not None:
+            wait_until(lambda: agent.tracks(self.pid), 10, f"the agent to track {server}")
 
 
 def test_grpc_calls_are_one_span_each_with_method_and_status(agent):
@@ -90,3 +93,104 @@ def test_h2c_requests_are_exact_per_path_and_status(agent):
         assert {s["attrs"].get("network.protocol.version") for s in spans} == {"2"}
         big = [s for s in spans if s["attrs"].get("url.path") == "/big/20000"]
         assert all(s["attrs"].get("http.response.size") == 20000 for s in big)
+
+
+def test_a_stream_held_on_a_zero_window_says_how_long(agent):
+    """A client (the h2 library on a socket) with a 4 KiB stream window that
+    lets the server send more only 0.25 s after each window is used up: the
+    server's span says how long it waited."""
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+
+    with H2Peer(agent, "hypercorn") as server:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        c.initiate_connection()
+        c.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 4096})
+        c.send_headers(1, [(":method", "GET"), (":path", "/big/20000"), (":scheme", "http"),
+                           (":authority", "localhost")], end_stream=True)
+        sock.sendall(c.data_to_send())
+        got, unacked, held, done = 0, 0, 0, False
+        while not done:
+            for ev in c.receive_data(sock.recv(65536)):
+                if isinstance(ev, h2.events.DataReceived):
+                    got += len(ev.data)
+                    unacked += ev.flow_controlled_length
+                elif isinstance(ev, h2.events.StreamEnded):
+                    done = True
+            if unacked >= 4096 and not done:  # the window is spent: hold the server
+                time.sleep(0.25)
+                held += 1
+                c.acknowledge_received_data(unacked, 1)
+                unacked = 0
+            sock.sendall(c.data_to_send())
+        sock.close()
+        assert got == 20000 and held >= 3
+        [span] = agent.traces.wait_for_port(server.port, 1)
+        wait = span["attrs"]["sitsprobe.http2.flow_control_wait_s"]
+        duration = (int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])) / 1e9
+        assert 0.25 * held * 0.9 <= wait <= duration, (wait, held, duration)
+
+
+def test_garbage_frames_are_counted_and_survived(agent):
+    import socket
+
+    import httpx
+
+    with H2Peer(agent, "hypercorn") as server:
+        rng = random.Random(12)
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+                sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(rng.getrandbits(8) for _ in range(300)))
+                try:
+                    sock.recv(4096)
+                except OSError:
+                    pass
+        with httpx.Client(http1=False, http2=True, base_url=f"http://127.0.0.1:{server.port}") as client:
+            assert client.get("/status/200").status_code == 200
+        [span] = agent.traces.wait_for_port(server.port, 1)
+        assert span["attrs"]["url.path"] == "/status/200"
+        assert agent.alive()
+        wait_until(lambda: agent.metric("sitsprobe_http2_connections_total", process="python") >= 6, 10,
+                   "the six connections counted")
+        errors = agent.metric("sitsprobe_http2_frame_errors_total", process="python") + \
+            agent.metric("sitsprobe_http2_partial_total", process="python")
+        assert errors >= 1
+
+
+def test_a_connection_older_than_the_agent_is_never_misattributed(tmp_path):
+    """Requests on an HTTP/2 connection made before the agent started: the
+    later ones are spans; none has a path or status it did not have, and
+    those whose headers named table entries the agent never saw say so."""
+    import httpx
+
+    from .conftest import running_agent
+
+    server = H2Peer(None, "hypercorn")
+    try:
+        paths = ("/status/200", "/status/404", "/big/100")
+        with httpx.Client(http1=False, http2=True, base_url=f"http://127.0.0.1:{server.port}") as client:
+            for p in paths:
+                client.get(p)  # before the agent: the HPACK tables fill up
+            with running_agent(tmp_path, {"pids": [server.pid], "cmdline": []}, {}, {}) as agent:
+                wait_until(lambda: agent.tracks(server.pid), 15, "the agent to track hypercorn")
+                truth = []
+                for i in range(12):
+                    p = paths[i % 3]
+                    truth.append((p, client.get(p).status_code))
+                spans = agent.traces.wait_for_port(server.port, 12, timeout=20)
+        real = set(truth)
+        for s in spans:
+            a = s["attrs"]
+            path, status = a.get("url.path"), a.get("http.response.status_code")
+            assert path is None or status is None or (path, status) in real, a
+            assert path is None or path in paths, a
+            if path is None:
+                assert a.get("sitsprobe.partial"), a
+        assert len(spans) == 12
+    finally:
+        server.stop()

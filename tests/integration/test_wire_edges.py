@@ -189,10 +189,15 @@ class TestConnectionsThatPredateTheAgent:
 RPCS = 20
 
 
-def grpc_traffic(port: int) -> None:
+def grpc_traffic(port: int, cert: Path | None = None) -> None:
+    """RPCS calls; over TLS with ``cert`` (the server's self-signed certificate)."""
     import grpc
 
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    target = f"127.0.0.1:{port}"
+    channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(cert.read_bytes()),
+                                  (("grpc.ssl_target_name_override", "localhost"),)) if cert else \
+        grpc.insecure_channel(target)
+    with channel:
         say = channel.unary_unary(f"/{GREETER}/{SAY_HELLO}")  # no (de)serializers: bytes
         for i in range(RPCS):
             assert say(b"edge %d" % i, timeout=10) == b"hello edge %d" % i
@@ -239,10 +244,14 @@ def unframed(agent, tmp_path_factory):
     try:
         peers["grpc"] = Peer("grpc")
         peers["tls"] = Peer("asgi", "--tls", str(d / "cert.pem"), str(d / "key.pem"))
+        peers["grpcs"] = Peer("grpc", "--tls", str(d / "cert.pem"), str(d / "key.pem"))
         for name, p in peers.items():
             wait_until(lambda: agent.tracks(p.pid), 15, f"the agent to track the {name} server")
+        wait_until(lambda: agent.metric("sitsprobe_tls_processes", pid=peers["tls"].pid) == 1, 15,
+                   "the agent to hook the TLS server's libssl")
         grpc_traffic(peers["grpc"].port)
         tls_traffic(peers["tls"].port)
+        grpc_traffic(peers["grpcs"].port, d / "cert.pem")
         names = {name: p.thread_comms() for name, p in peers.items()}
         for name, p in peers.items():  # the servers closed their side too: nothing left open
             wait_until(lambda: not established(p.pid), 15, f"the {name} server to close its connections")
@@ -293,7 +302,7 @@ def settle(agent, peer: Peer, names: set[str]) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("peer", ["grpc", "tls"])
+@pytest.mark.parametrize("peer", ["grpc", "grpcs"])
 def test_unframed_traffic_is_no_http_request(unframed, peer):
     scrape, peers = unframed
     _, names, spans = peers[peer]
@@ -306,7 +315,19 @@ def test_unframed_traffic_is_no_http_request(unframed, peer):
     assert not claimed, f"spans from the {peer} server that claim HTTP/1.1: {claimed}"
 
 
-@pytest.mark.parametrize("peer, protocol", [("grpc", "http2"), ("tls", "tls")])
+@pytest.mark.parametrize("peer, family", [("grpc", "rpc_server_call_duration_seconds_count"),
+                                          ("tls", "http_server_request_duration_seconds_count")])
+def test_grpc_and_tls_from_libssl_are_framed_whole(unframed, peer, family):
+    """gRPC over h2c (HTTP/2 framing) and HTTPS through Python's ssl (the libssl
+    uprobes): every call counted as what it is, none left unframed."""
+    scrape, peers = unframed
+    _, names, _ = peers[peer]
+    assert in_processes(scrape, family, names) == RPCS
+    left = in_processes(scrape, "sitsprobe_unframed_exchanges_total", names)
+    assert left == 0, f"{left} exchanges of the {peer} server left unframed"
+
+
+@pytest.mark.parametrize("peer, protocol", [("grpcs", "tls")])  # grpcio's BoringSSL: no libssl to hook
 def test_unframed_exchanges_are_counted_by_protocol(unframed, peer, protocol):
     scrape, peers = unframed
     _, names, _ = peers[peer]
@@ -319,7 +340,7 @@ def test_unframed_exchanges_are_counted_by_protocol(unframed, peer, protocol):
     assert not others, f"exchanges of the {peer} server taken for something else: {others}"
 
 
-@pytest.mark.parametrize("peer", ["grpc", "tls"])
+@pytest.mark.parametrize("peer", ["grpc", "tls", "grpcs"])
 def test_a_connection_closing_is_no_error(unframed, peer):
     _, peers = unframed
     _, _, spans = peers[peer]

@@ -148,7 +148,7 @@ def test_the_header_is_read_whole():
     enums, runs = parse(HEADER.read_text())
     assert enums["counter"][:2] == ["C_EXCHANGES", "C_LOST"] and enums["cache_hit_op"][-1] == "HO_LE"
     assert ["CF_TUPLE", "CF_TCP", "CF_CHUNK_END", "CF_SEEDED", "CF_MISSED", "CF_INTERIM",
-            "CF_BODY", "CF_BODY_NEXT", "CF_CLIENT", "CF_BY_PROCESS", "CF_STREAM"] in runs
+            "CF_BODY", "CF_BODY_NEXT", "CF_CLIENT", "CF_BY_PROCESS", "CF_STREAM", "CF_TLS", "CF_TLS_PLAIN"] in runs
     assert not any("REQ_CAP" in run or "SITSPROBE_H" in run for run in runs)  # -D settings, the guard
 
 

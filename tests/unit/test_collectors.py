@@ -31,6 +31,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sitsprobe import config
+from sitsprobe.abi import CF_TUPLE, CH_CLOSE, CH_IN, CH_OUT
+from sitsprobe.events import Chunk
 from sitsprobe.agent import Agent
 from sitsprobe.export.otlp import Counts
 from sitsprobe.cache import KernelCacheCounts
@@ -99,6 +101,8 @@ def provisioned_datasources() -> list[dict]:
 
 class FakeNetProbe:
     """bpf/net.c's maps, as NetProbe reads them at scrape time."""
+
+    tls = SimpleNamespace(covered={PID: "/usr/lib/x86_64-linux-gnu/libssl.so.3"})  # TlsHooks
 
     def counters(self) -> dict[str, int]:
         return {name: i + 1 for i, name in enumerate(net_probe.COUNTERS)}
@@ -193,6 +197,30 @@ def cuda_counts() -> list[CudaCount]:
     return out
 
 
+def h2_chunks(t: int) -> list[Chunk]:
+    """One GET over HTTP/2 (the h2 library on both ends), as a traced server reads and writes it."""
+    import h2.config
+    import h2.connection
+
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    client.initiate_connection()
+    client.send_headers(1, [(":method", "GET"), (":path", "/v1/models"), (":scheme", "http"),
+                            (":authority", "engine")], end_stream=True)
+    out, chunks = client.data_to_send(), []
+
+    def chunk(direction: int, data: bytes) -> Chunk:
+        return Chunk(PID, 9, t + len(chunks), direction, len(data), CF_TUPLE, Endpoint("10.0.0.5", 8000),
+                     Endpoint("10.0.0.9", 51000), data)
+    chunks.append(chunk(CH_IN, out))
+    server.initiate_connection()
+    server.receive_data(out)
+    server.send_headers(1, [(":status", "200")])
+    server.send_data(1, b"{}", end_stream=True)
+    chunks.append(chunk(CH_OUT, server.data_to_send()))
+    return chunks + [chunk(CH_CLOSE, b"")]
+
+
 def agent_registry() -> CollectorRegistry:
     """The agent's registry as Agent.start builds it, with fakes only where bcc,
     root or NVML would be: the BPF maps' readers and the GPU layer's inputs."""
@@ -228,6 +256,8 @@ def agent_registry() -> CollectorRegistry:
                          h2=H2(stream_id=1, grpc=True, grpc_status=0))
     for r in (call, call._replace(protocol="resp", method="GET"), grpc, grpc._replace(direction="server")):
         agent.metrics.observe(r)  # the calls it made (HTTP, Redis, gRPC) and a gRPC call it served
+    for ch in h2_chunks(now):  # an HTTP/2 connection it served, framed by stitch.streams
+        agent._on_chunk(ch)
     for key, hit, peer in ((b"user:1", True, Endpoint("10.1.2.3", 5000)),
                            (b"session:9", False, Endpoint("10.1.3.9", 5001))):
         agent.cache_stats.add("redis", key, hit, now, peer)

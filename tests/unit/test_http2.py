@@ -4,6 +4,7 @@ the module must give back what was sent, or nothing, never something else."""
 from __future__ import annotations
 
 import random
+import struct
 
 import pytest
 from h2.config import H2Configuration
@@ -418,9 +419,12 @@ def frame(t: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
     return len(payload).to_bytes(3, "big") + bytes([t, flags]) + sid.to_bytes(4, "big") + payload
 
 
-def hostile(*frames: bytes) -> Connection:
-    """A traced server that read these frames, after the preface, in one chunk."""
+def hostile(*frames: bytes, max_frame: int = 0xFFFFFF) -> Connection:
+    """A traced server that announced it accepts frames up to ``max_frame``
+    long, then read these frames, after the preface, in one chunk."""
     conn = Connection("server")
+    settings = frame(4, 0, 0, struct.pack(">HI", 5, max_frame))
+    conn.feed(0, "out", settings, len(settings))
     data = PREFACE + b"".join(frames)
     conn.feed(1, "in", data, len(data))
     return conn
@@ -494,6 +498,15 @@ def test_an_entry_larger_than_the_table_empties_it():
     conn = hostile(frame(1, 0x5, 1, block))
     conn.close(2)
     assert conn.finished()[0].path == "/x" and conn.partial is None
+
+
+def test_a_frame_longer_than_the_receiver_accepts_loses_the_direction():
+    enc = Encoder()
+    conn = hostile(frame(1, 0x5, 1, enc.encode(req("/before"))), frame(0, 0, 1, b"x" * 20_000),
+                   frame(1, 0x5, 3, enc.encode(req("/after"))), max_frame=16384)
+    conn.close(2)
+    assert conn.frame_errors == 1 and conn.partial == "malformed_frame"
+    assert [s.path for s in conn.finished()] == ["/before"]  # nothing read past it
 
 
 def test_header_block_over_the_cap_is_skipped():

@@ -99,3 +99,23 @@ def test_a_callee_on_another_connection_of_the_caller_is_not_joined():
     assert other not in {s.req for s in t.spans}
     [alone] = j.expire(100 * MS)
     assert [s.req for s in alone.spans] == [other]
+
+
+def test_calls_multiplexed_on_one_connection_are_told_apart_by_stream():
+    from sitsprobe.request import H2
+
+    j = Joiner(wait_ns=1000 * MS)
+    # two gRPC calls at once on the gateway's fd 7: streams 1 and 3; the engine serves both on fd 9
+    calls = [req(GATEWAY, 7, 10, 90, "client", Link(GATEWAY, 5, 0), calls=1)._replace(h2=H2(sid))
+             for sid in (1, 3)]
+    served = [req(ENGINE, 9, 12 + sid, 80, link=Link(GATEWAY, 7, 0, stream=sid))._replace(h2=H2(sid))
+              for sid in (3, 1)]
+    traces = []
+    for r in (*served, *calls, S1):
+        for t in j.add(r, 0):
+            t.exported = True
+            traces.append(t)
+    got = shape(traces)
+    for s in served:
+        parent = got[s][1]
+        assert parent.h2.stream_id == s.h2.stream_id and got[s][2] == "connection"

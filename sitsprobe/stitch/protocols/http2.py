@@ -47,6 +47,7 @@ TOO_MANY_STREAMS = "too_many_streams"
 
 MAX_BLOCK = 64 * 1024  # a header block (or any non-DATA frame) past this is not read
 MAX_TABLE = 64 * 1024  # the largest HPACK table we keep, whatever SETTINGS allow
+MAX_FRAME = 16384  # SETTINGS_MAX_FRAME_SIZE's initial value
 MAX_HEADER_LIST = 256 * 1024  # decoded size of one header block (hpack's guard)
 MAX_OPEN = 1024  # open streams; past this the oldest is given up
 GRPC_MESSAGE_CHARS = 128
@@ -130,7 +131,7 @@ class _Half:
     """One direction: where its framing stands, and its HPACK decoder."""
     __slots__ = ("block", "block_bad", "block_end", "block_push", "block_sid", "block_ts", "buf",
                  "d", "data_left", "decoder", "flags", "head", "hpack_ok", "left", "length",
-                 "lost", "mode", "pad", "pre", "role", "sid", "st", "synced", "t")
+                 "lost", "max_frame", "mode", "pad", "pre", "role", "sid", "st", "synced", "t")
 
     def __init__(self, d: int, role: int, started: bool):
         self.d, self.role = d, role
@@ -142,6 +143,9 @@ class _Half:
         self.block_sid = self.block_end = self.block_ts = 0
         self.block_push = False
         self.decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
+        # the largest frame its receiver accepts: SETTINGS_MAX_FRAME_SIZE, 16384 until it says
+        # more (the receiver's SETTINGS go the other way); any, when they were missed
+        self.max_frame = MAX_FRAME if started else 0xFFFFFF
         if not started:  # its SETTINGS were missed: a larger table than the real one is still right
             self.decoder.max_allowed_table_size = MAX_TABLE
         self.hpack_ok = True
@@ -280,6 +284,9 @@ class Connection:
     def _parse(self, h: _Half, mv, ts: int) -> None:
         pos, end = 0, len(mv)
         while pos < end:
+            if h.lost:  # a frame just read made the rest unreadable
+                self.skipped_bytes += end - pos
+                return
             if h.left:  # inside a payload
                 n = min(h.left, end - pos)
                 if h.mode == _BUF:
@@ -338,6 +345,11 @@ class Connection:
         """A frame header: how its payload will be read."""
         hi, lo, t, flags, sid = _HEAD.unpack_from(b, pos)
         length, sid = hi << 8 | lo, sid & 0x7FFFFFFF
+        if length > h.max_frame:  # RFC 9113 4.2: no peer sends it; what follows cannot be followed
+            self.frame_errors += 1
+            self.partial = self.partial or MALFORMED_FRAME
+            self._lose(h, ts)
+            return
         self._counts[h.d][min(t, 10)] += 1
         if h.block is not None and t != CONTINUATION:  # RFC 9113 6.10: nothing comes between
             self.frame_errors += 1
@@ -609,6 +621,9 @@ class Connection:
             if ident == 1:
                 dec = self._half[1 - h.d].decoder  # decodes the blocks the sender receives
                 dec.max_allowed_table_size = max(dec.max_allowed_table_size, min(value, MAX_TABLE))
+            elif ident == 5 and 16384 <= value <= 0xFFFFFF:  # frames the sender accepts
+                other = self._half[1 - h.d]
+                other.max_frame = max(other.max_frame, value)
             elif ident == 4 and value > 0x7FFFFFFF:
                 self.frame_errors += 1
             elif ident == 4 and h.d == IN and self._flow:

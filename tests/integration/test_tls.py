@@ -1,0 +1,122 @@
+"""TLS from the library: HTTPS framed exactly like cleartext.
+
+uvicorn (Python's ssl module over asyncio's memory BIOs) and nginx (OpenSSL
+on its sockets) with a self-signed certificate, driven over HTTPS with
+keep-alive: every request one span with its path and status, equal to the
+client's tally, and no opaque `tls` exchange beside them. grpcio carries
+BoringSSL inside its module: the agent says it cannot read it.
+"""
+from __future__ import annotations
+
+import collections
+import http.client
+import json
+import shutil
+import ssl
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import HERE, TAG, Nginx, Owned, wait_until
+
+PATHS = ("/json/a", "/status/404", "/json/b", "/status/503")
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    if not shutil.which("openssl"):
+        pytest.skip("openssl (the command) makes the test certificate: .ci/run installs it")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+class HttpsUvicorn(Owned):
+    def __init__(self, agent, cert: tuple[str, str]):
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "peers.py"), "uvicorn", "--tag", TAG,
+                                      "--tls", *cert], stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+        self.pid = self.proc.pid
+        wait_until(lambda: agent.tracks(self.pid), 10, "the agent to track uvicorn")
+
+
+def drive(port: int, paths, connections: int = 3, per_connection: int = 8) -> collections.Counter:
+    """Requests over HTTPS, several per connection; the client's own tally by (path, status)."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    tally: collections.Counter = collections.Counter()
+    for c in range(connections):
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=context)
+        for i in range(per_connection):
+            path = paths[(c + i) % len(paths)]
+            conn.request("GET", path)
+            r = conn.getresponse()
+            r.read()
+            tally[path, r.status] += 1
+        conn.close()
+    return tally
+
+
+def check(agent, port: int, pid: int, tally: collections.Counter) -> None:
+    total = sum(tally.values())
+    spans = agent.traces.wait_for_port(port, total, timeout=20)
+    got = collections.Counter((s["attrs"].get("url.path"), s["attrs"].get("http.response.status_code"))
+                              for s in spans)
+    assert got == tally, [s["name"] for s in spans]
+    opaque = [s for s in agent.traces.for_pid(pid) if s["attrs"].get("sitsprobe.protocol") == "tls"]
+    assert not opaque, opaque[:2]
+
+
+def test_uvicorn_over_https_is_framed_like_cleartext(agent, certificate):
+    with HttpsUvicorn(agent, certificate) as server:
+        # the ssl module is loaded at start: its libssl is hooked before the first connection
+        wait_until(lambda: agent.metric("sitsprobe_tls_processes", pid=server.pid) == 1, 10,
+                   "the agent to hook uvicorn's libssl")
+        check(agent, server.port, server.pid, drive(server.port, PATHS))
+
+
+def test_nginx_over_https_is_framed_like_cleartext(agent, certificate, tmp_path):
+    with Nginx(agent, tmp_path / "nginx", tls=certificate) as nginx:
+        wait_until(lambda: all(agent.metric("sitsprobe_tls_processes", pid=p) == 1 for p in nginx.workers),
+                   10, "the agent to hook nginx's libssl")
+        tally = drive(nginx.port, ("/", "/missing", "/index.html"))
+        assert tally["/missing", 404] and tally["/", 200]
+        check(agent, nginx.port, nginx.workers[0], tally)
+
+
+def test_http2_over_tls_is_framed_like_h2c(agent, certificate):
+    """hypercorn with a certificate (h2 by ALPN), httpx's HTTP/2 client: exact per path and status."""
+    import httpx
+
+    from .test_http2 import H2Peer
+
+    with H2Peer(agent, "hypercorn", certificate) as server:
+        wait_until(lambda: agent.metric("sitsprobe_tls_processes", pid=server.pid) == 1, 10,
+                   "the agent to hook hypercorn's libssl")
+        tally: collections.Counter = collections.Counter()
+        with httpx.Client(http1=False, http2=True, verify=False, base_url=f"https://127.0.0.1:{server.port}") as c:
+            for i in range(12):
+                path = ("/status/200", "/status/404", "/big/5000")[i % 3]
+                r = c.get(path)
+                assert r.http_version == "HTTP/2"
+                tally[path, r.status_code] += 1
+        check(agent, server.port, server.pid, tally)
+        spans = agent.traces.for_port(server.port)
+        assert {s["attrs"].get("network.protocol.version") for s in spans} == {"2"}
+
+
+def test_doctor_names_what_it_cannot_decrypt(agent, certificate):
+    """grpcio's module carries BoringSSL: doctor says so; uvicorn's ssl maps libssl."""
+    from .test_http2 import H2Peer
+
+    with H2Peer(agent, "grpc") as grpc_server, HttpsUvicorn(agent, certificate) as https:
+        doctor = subprocess.run([sys.executable, "-m", "sitsprobe.cli", "doctor", "--json",
+                                 "--pid", str(grpc_server.pid), "--pid", str(https.pid)],
+                                capture_output=True, text=True, timeout=120)
+        tls = json.loads(doctor.stdout)["tls"]
+        assert not tls[str(grpc_server.pid)]["ok"] and "BoringSSL" in tls[str(grpc_server.pid)]["detail"], tls
+        assert tls[str(https.pid)]["ok"] and "libssl" in tls[str(https.pid)]["detail"], tls
