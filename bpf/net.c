@@ -531,6 +531,42 @@ static __always_inline void canonical(const struct tuple *t, struct tuple *p, in
     __builtin_memcpy(p->raddr, r, 16);
 }
 
+/* The server exchange the current thread is serving, while it is open (from
+ * a thread that read no request, its process's latest: CF_BY_PROCESS in
+ * *flags): a call that begins now belongs to it. */
+static __always_inline void served(__u64 *key, __u64 *start, __u16 *flags)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    __u32 tid = id, tgid = id >> 32;
+    struct serving *s = serving.lookup(&tid);
+    if (!s) {
+        s = serving_proc.lookup(&tgid);
+        if (s)
+            *flags |= CF_BY_PROCESS;
+    }
+    struct conn *p = s ? conns.lookup(&s->key) : NULL;
+    if (p && p->start_ns == s->start_ns && p->state != ST_IDLE) {
+        *key = s->key;
+        *start = s->start_ns;
+        p->calls++;
+    }
+}
+
+/* The traced client connection at the other end of server connection c, if any. */
+static __always_inline __u64 caller_of(struct conn *c)
+{
+    if (!(c->flags & CF_TUPLE))
+        return 0;
+    struct tuple peer = {};
+    canonical(&c->t, &peer, 1);
+    __u64 *k = clients.lookup(&peer);
+    struct conn *caller = k ? conns.lookup(k) : NULL;
+    if (!caller)
+        return 0;
+    caller->calls++;
+    return *k;
+}
+
 /* An exchange begins: what it belongs to (struct conn.link_key). A server
  * exchange is what its thread (and its process) serves from now on, and is
  * linked to the traced client connection at its other end, if any. A client
@@ -545,35 +581,15 @@ static __always_inline void link_exchange(struct conn *c, __u64 key)
     c->calls = 0;
     c->flags &= ~CF_BY_PROCESS;
     if (c->flags & CF_CLIENT) {
-        if (!(c->flags & CF_TCP))
-            return;
-        struct serving *s = serving.lookup(&tid);
-        if (!s) {
-            s = serving_proc.lookup(&tgid);
-            if (s)
-                c->flags |= CF_BY_PROCESS;
-        }
-        struct conn *p = s ? conns.lookup(&s->key) : NULL;
-        if (p && p->start_ns == s->start_ns && p->state != ST_IDLE) {
-            c->link_key = s->key;
-            c->link_start = s->start_ns;
-            p->calls++;
-        }
+        if (c->flags & CF_TCP)
+            served(&c->link_key, &c->link_start, &c->flags);
         return;
     }
     struct serving me = {.key = key, .start_ns = c->start_ns};
     serving.update(&tid, &me);
     serving_proc.update(&tgid, &me);
-    if (!OUTGOING || !(c->flags & CF_TUPLE))
-        return;
-    struct tuple peer = {};
-    canonical(&c->t, &peer, 1);
-    __u64 *k = clients.lookup(&peer);
-    struct conn *caller = k ? conns.lookup(k) : NULL;
-    if (caller) {
-        c->link_key = *k;
-        caller->calls++;
-    }
+    if (OUTGOING)
+        c->link_key = caller_of(c);
 }
 
 /* v = min(v, most), in a register the compiler may not fold the test away
@@ -641,33 +657,10 @@ BPF_PERCPU_ARRAY(chunk_states, struct chunk_state, 1);
  * for an exchange (gRPC's own threads write a channel's calls: CF_BY_PROCESS). */
 static __always_inline void link_chunk(struct conn *c, struct chunk_head *h)
 {
-    if (c->flags & CF_CLIENT) {
-        __u64 id = bpf_get_current_pid_tgid();
-        __u32 tid = id, tgid = id >> 32;
-        struct serving *s = serving.lookup(&tid);
-        if (!s) {
-            s = serving_proc.lookup(&tgid);
-            if (s)
-                h->flags |= CF_BY_PROCESS;
-        }
-        struct conn *p = s ? conns.lookup(&s->key) : NULL;
-        if (p && p->start_ns == s->start_ns && p->state != ST_IDLE) {
-            h->link_key = s->key;
-            h->link_start = s->start_ns;
-            p->calls++;
-        }
-        return;
-    }
-    if (!(c->flags & CF_TUPLE))
-        return;
-    struct tuple peer = {};
-    canonical(&c->t, &peer, 1);
-    __u64 *k = clients.lookup(&peer);
-    struct conn *caller = k ? conns.lookup(k) : NULL;
-    if (caller) {
-        h->link_key = *k;
-        caller->calls++;
-    }
+    if (c->flags & CF_CLIENT)
+        served(&h->link_key, &h->link_start, &h->flags);
+    else
+        h->link_key = caller_of(c);
 }
 
 static __always_inline void want_chunk(struct conn *c, struct args *a, long ret, __u8 dir, __u64 ts)
