@@ -53,6 +53,7 @@ class H2:
     response_messages: int | None = None
     flow_control_wait_ns: int = 0  # time the sender waited on a zero flow-control window
     reset_code: int | None = None  # RST_STREAM error code, if the stream was reset
+    window_updates: int = 0  # WINDOW_UPDATEs the sender got on its connection, by the stream's end
 
 
 @dataclass(frozen=True, slots=True)

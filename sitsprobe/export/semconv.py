@@ -248,6 +248,7 @@ def _http2(h2: H2) -> dict:
         "sitsprobe.http2.stream_id": h2.stream_id,
         "sitsprobe.http2.flow_control_wait_s": h2.flow_control_wait_ns / 1e9,
         "sitsprobe.http2.reset_code": h2.reset_code,
+        "sitsprobe.http2.connection_window_updates": h2.window_updates,
     }
 
 

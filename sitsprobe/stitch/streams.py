@@ -114,4 +114,5 @@ class StreamStitcher:
             tracestate=s.tracestate if tp is not None else None, tls=bool(ch.flags & CF_TLS),
             link=link, calls=int(conn.side == "client"),  # a traced server may answer it (stitch.join)
             h2=H2(s.stream_id, s.authority, s.scheme, grpc, status, s.grpc_message,
-                  s.request_messages, s.response_messages, s.flow_control_wait_ns or 0, s.reset_code))
+                  s.request_messages, s.response_messages, s.flow_control_wait_ns or 0, s.reset_code,
+                  conn.window_updates_in))

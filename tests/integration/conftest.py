@@ -188,6 +188,15 @@ class Owned:
         self.proc.kill()
         self.proc.wait()
 
+    def until(self, check, timeout: float, what: str):
+        """wait_until, from __init__: a process that never got ready is
+        stopped, since no with block will."""
+        try:
+            return wait_until(check, timeout, what)
+        except BaseException:
+            self.stop()
+            raise
+
     def __enter__(self):
         return self
 
@@ -211,14 +220,10 @@ class Nginx(Owned):
         self.port = port or free_port()
         self.proc = subprocess.Popen(static_site(d, self.port, locations, tls))
         self.pid = self.proc.pid
-        try:
-            self.workers = wait_until(self._workers, 10, "the nginx worker")
-            self.pids = [self.pid, *self.workers]
-            wait_until(lambda: all(agent.tracks(p) for p in self.workers), 10, "the agent to track nginx")
-            wait_until(lambda: accepts(self.port), 10, f"nginx on port {self.port}")
-        except BaseException:  # not yet in a with block: nothing else would stop it
-            self.stop()
-            raise
+        self.workers = self.until(self._workers, 10, "the nginx worker")
+        self.pids = [self.pid, *self.workers]
+        self.until(lambda: all(agent.tracks(p) for p in self.workers), 10, "the agent to track nginx")
+        self.until(lambda: accepts(self.port), 10, f"nginx on port {self.port}")
 
     def _workers(self) -> list[int]:
         if self.proc.poll() is not None:

@@ -34,7 +34,7 @@ class CallingService(Owned):
              "--redis", str(REDIS_PORT), "--backend", backend, *args], stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
         self.pid = self.proc.pid
-        wait_until(lambda: agent.tracks(self.pid), 10, f"the agent to track the {framework} service")
+        self.until(lambda: agent.tracks(self.pid), 10, f"the agent to track the {framework} service")
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:

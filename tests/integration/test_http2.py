@@ -28,7 +28,7 @@ class H2Peer(Owned):
         self.port = int(self.proc.stdout.readline())
         self.pid = self.proc.pid
         if agent is not None:
-            wait_until(lambda: agent.tracks(self.pid), 10, f"the agent to track {server}")
+            self.until(lambda: agent.tracks(self.pid), 10, f"the agent to track {server}")
 
 
 def test_grpc_calls_are_one_span_each_with_method_and_status(agent):
@@ -65,6 +65,7 @@ def test_grpc_calls_are_one_span_each_with_method_and_status(agent):
                            and len(s) >= total and s, 20, f"{total} gRPC spans")
         got = collections.Counter((s["attrs"].get("rpc.method"), s["attrs"].get("rpc.response.status_code"))
                                   for s in spans)
+        seen = +got  # as the spans say it
         if got[("demo.Echo/Slow", "CANCELLED")] == 1:
             got[("demo.Echo/Slow", "DEADLINE_EXCEEDED")] += got.pop(("demo.Echo/Slow", "CANCELLED"))
         assert got == tally, spans[:3]
@@ -72,6 +73,12 @@ def test_grpc_calls_are_one_span_each_with_method_and_status(agent):
         streamed = sorted(s["attrs"].get("sitsprobe.rpc.response_messages") for s in spans
                           if s["attrs"].get("rpc.method") == "demo.Echo/Count")
         assert streamed == messages
+        page = agent.scrape()  # the metrics, by method and status, agree with the spans
+        counted = collections.Counter()
+        for method, status in seen:
+            counted[method, status] = agent.metric("rpc_server_call_duration_seconds_count", page,
+                                                   method=method, status=status)
+        assert counted == seen
 
 
 def test_h2c_requests_are_exact_per_path_and_status(agent):

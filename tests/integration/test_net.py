@@ -2,6 +2,8 @@
 What the agent exported is checked against the client's own tally."""
 from __future__ import annotations
 
+import os
+import re
 import socket
 import time
 from collections import Counter
@@ -265,6 +267,11 @@ def test_exited_processes_keep_their_counts_and_leave_no_series(agent):
     def folded() -> float:
         return agent.metric("sitsprobe_http_server_requests_total", pid="")
 
+    def settled() -> bool:  # an earlier test's server, retired meanwhile, would fold its counts into ours
+        tracked = re.findall(r'^sitsprobe_tracked_process_info\{[^}]*pid="(\d+)"', agent.scrape(), re.M)
+        return all(os.path.exists(f"/proc/{pid}") for pid in tracked)
+
+    wait_until(settled, 10, "the servers of earlier tests to be retired")
     before, size_before, dead = folded(), None, []
     for _ in range(20):
         if len(dead) == 1:  # the routes and names of this test are in the page from now on

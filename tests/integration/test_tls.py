@@ -41,7 +41,7 @@ class HttpsUvicorn(Owned):
                                       "--tls", *cert], stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
         self.pid = self.proc.pid
-        wait_until(lambda: agent.tracks(self.pid), 10, "the agent to track uvicorn")
+        self.until(lambda: agent.tracks(self.pid), 10, "the agent to track uvicorn")
 
 
 def drive(port: int, paths, connections: int = 3, per_connection: int = 8) -> collections.Counter:

@@ -21,7 +21,8 @@ OWN = Endpoint("10.0.0.5", 40112)  # a client's own end of the connection it ope
 CALLED = Endpoint("10.0.0.7", 8080)  # the server it called
 SERVING = Endpoint("10.0.0.5", 8000)  # a server's own end
 CALLER = Endpoint("10.0.0.9", 51234)  # the client that called it
-H2_KEYS = {"sitsprobe.http2.stream_id", "sitsprobe.http2.flow_control_wait_s"}
+H2_KEYS = {"sitsprobe.http2.stream_id", "sitsprobe.http2.flow_control_wait_s",
+           "sitsprobe.http2.connection_window_updates"}
 COMMON = {"process.pid", "sitsprobe.fd", "sitsprobe.complete", "network.transport",
           "sitsprobe.time_to_first_byte_s", "network.peer.address", "network.peer.port",
           "server.address", "server.port"}
