@@ -568,8 +568,7 @@ static __always_inline __u64 caller_of(struct conn *c)
 }
 
 /* An exchange begins: what it belongs to (struct conn.link_key). A server
- * exchange is what its thread (and its process) serves from now on, and is
- * linked to the traced client connection at its other end, if any. A client
+ * exchange is what its thread (and its process) serves from now on. A client
  * exchange is linked to the server exchange its thread is serving, while
  * that one is open; from a thread that read no request (a worker pool's),
  * to its process's latest (CF_BY_PROCESS): userspace checks it was open. */
@@ -587,9 +586,7 @@ static __always_inline void link_exchange(struct conn *c, __u64 key)
     }
     struct serving me = {.key = key, .start_ns = c->start_ns};
     serving.update(&tid, &me);
-    serving_proc.update(&tgid, &me);
-    if (OUTGOING)
-        c->link_key = caller_of(c);
+    serving_proc.update(&tgid, &me); /* its caller is looked for when it answers (on_send) */
 }
 
 /* v = min(v, most), in a register the compiler may not fold the test away
@@ -868,6 +865,11 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
         c->first_out_ns = t;
         c->bytes_out = 0;
         c->state = ST_RESPONDING;
+        /* Its caller, if traced: looked for now, not when the request came. On
+         * loopback the request can be read before the caller's send has even
+         * returned, let alone indexed its connection (learn_sock). */
+        if (OUTGOING && !client)
+            c->link_key = caller_of(c);
     }
     if (final) {
         c->status = status;

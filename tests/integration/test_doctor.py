@@ -97,14 +97,17 @@ def works_usdt():
     binaries = capability.usdt_candidates()
     if not binaries:
         return False
-    script = "import sys, gc; sys.stdin.readline(); gc.collect()"
-    child = subprocess.Popen([binaries[0], "-c", script], stdin=subprocess.PIPE)
+    script = "import sys, gc; print('up', flush=True); sys.stdin.readline(); gc.collect()"
+    child = subprocess.Popen([binaries[0], "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        child.stdout.readline()  # its runtime is mapped: a USDT read of it earlier can find no probes
         u = USDT(pid=child.pid)
         u.enable_probe(probe="gc__done", fn_name="hit")
         b = BPF(text=COUNT, cflags=[f"-DPID={child.pid}"], usdt_contexts=[u])
         try:
-            child.communicate(b"\n", timeout=10)
+            child.stdin.write(b"\n")
+            child.stdin.close()
+            child.wait(10)
             return b["n"][0].value > 0
         finally:
             b.cleanup()
