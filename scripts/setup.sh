@@ -13,7 +13,8 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 
-packages=(python3-bpfcc bpfcc-tools bpftool systemtap-sdt-dev nginx-light apache2-utils wrk redis-server)
+packages=(python3-bpfcc bpfcc-tools bpftool systemtap-sdt-dev nginx-light apache2-utils wrk redis-server
+          openssl)  # openssl: the TLS tests' self-signed certificates
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
