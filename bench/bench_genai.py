@@ -42,7 +42,6 @@ import os
 import re
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,7 +53,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.bench_http import (
+from bench._common import _med, code  # noqa: E402  (bench_protocols imports them from here)
+from bench.bench_http import (  # noqa: E402
     SITSPROBE,
     Agent,
     BpfStats,
@@ -294,11 +294,6 @@ def measure(config: str, rnd: int, url: str, script: Path, a: argparse.Namespace
 
 # -- report -----------------------------------------------------------------------
 
-def _med(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
 def _rows(results: list[Result], config: str) -> list[Result]:
     return [r for r in results if r.config == config]
 
@@ -398,18 +393,6 @@ def bpf_lines(results: list[Result], config: str, top: int = 10) -> list[str]:
         if cnt:
             out.append(f"  {name[:40]:40} {cnt / reqs:8.2f} {ns / cnt:7.0f} {ns / reqs:7.0f}")
     return out
-
-
-def code() -> str:
-    """Where the agent's code comes from (PYTHONPATH may point the agent at a
-    copy of the tree; this process imports the checkout's), and that tree's
-    git commit: a run can be traced to what it measured."""
-    where = subprocess.run([sys.executable, "-c", "import sitsprobe; print(sitsprobe.__file__)"],
-                           capture_output=True, text=True, check=True, cwd="/").stdout.strip()
-    tree = Path(where).resolve().parent.parent
-    git = subprocess.run(["git", "-C", str(tree), "describe", "--always", "--dirty"],
-                         capture_output=True, text=True, check=False)
-    return f"sitsprobe from {tree}" + (f", git {git.stdout.strip()}" if git.returncode == 0 else "")
 
 
 # -- main -------------------------------------------------------------------------
