@@ -13,6 +13,7 @@
  * is counted in `counters`.
  */
 #include <uapi/linux/ptrace.h>
+#include <asm/unistd.h>
 #include <linux/sched.h>
 #include <linux/socket.h>
 #include <linux/in.h>
@@ -942,12 +943,13 @@ static __always_inline void new_conn(struct args *a, __u32 tgid, long fd, __u16 
     c->t.rport = ntohs(c->t.rport);
 }
 
-/* A read of anything but a connection the thread serves: timed, and when
- * its reply begins like a Redis one, timed as a cache look-up too. */
-static __always_inline void time_read(struct args *a, __u64 id)
+/* A read of anything but a connection the thread serves, waited on since
+ * `since`: timed, and when its reply begins like a Redis one, timed as a
+ * cache look-up too. */
+static __always_inline void time_read(struct args *a, __u64 id, __u64 since)
 {
     __u32 tid = id;
-    __u64 took = bpf_ktime_get_ns() - a->enter_ns, len = 0, buf = first_buffer(a, &len);
+    __u64 took = since ? bpf_ktime_get_ns() - since : 0, len = 0, buf = first_buffer(a, &len);
     __u8 first = 0;
     __u64 *total = rwaits.lookup(&tid);
     if (total)
@@ -976,7 +978,21 @@ static __always_inline void on_connect(struct args *a, __u32 tgid)
 static __always_inline void tails(void *ctx, int user);
 static __always_inline void dispatch(struct conn *c, struct args *a, long ret, __u64 id);
 
-/* Exit half: the syscall's result decides what happened. */
+/* ret > 0 bytes moved by a data call on tracked connection c (key). */
+static __always_inline void moved(struct conn *c, __u64 key, struct args *a, long ret, __u64 id)
+{
+    if (c->flags & CF_TLS && !(c->flags & CF_TLS_PLAIN) && ++c->tls_calls > TLS_GRACE)
+        c->flags &= ~CF_TLS; /* no plaintext came: not the hooked library's; framed as it is */
+    if (!(c->flags & CF_TLS))
+        dispatch(c, a, ret, id);
+    if (c->flags & CF_TLS) { /* ciphertext: the plaintext comes through the library (ssl_leave) */
+        __u32 tid = id;
+        tls_threads.update(&tid, &key); /* the library's next call on this thread is for it */
+    }
+}
+
+/* Exit half: the syscall's result decides what happened. On the socket
+ * tier only accept and connect come here: data calls come to sock_call. */
 static __always_inline int leave(void *ctx, long ret)
 {
     __u64 id = bpf_get_current_pid_tgid();
@@ -987,37 +1003,24 @@ static __always_inline int leave(void *ctx, long ret)
     if (a->kind == K_CONNECT) {
         if (ret == 0 || ret == -EINPROGRESS_)
             on_connect(a, tgid);
-        goto out;
-    }
-    if (ret <= 0)
-        goto out;
-    if (a->kind == K_ACCEPT) {
+    } else if (ret > 0 && a->kind == K_ACCEPT) {
         new_conn(a, tgid, ret, 0);
-        goto out;
+    } else if (ret > 0) {
+#if NET_TIER == NET_TIER_SYSCALL
+        __u64 key = conn_key(tgid, a->fd);
+        struct conn *c = conns.lookup(&key);
+        if (a->kind & OTHER_READ)
+            time_read(a, id, a->enter_ns);
+        else if (a->kind & UNTRACKED)
+            on_untracked_send(a, tgid, ret);
+        else if (c)
+            moved(c, key, a, ret, id);
+#endif
     }
-    if (a->kind & OTHER_READ) {
-        time_read(a, id);
-        goto out;
-    }
-    if (a->kind & UNTRACKED) {
-        on_untracked_send(a, tgid, ret);
-        goto out;
-    }
-    __u64 key = conn_key(tgid, a->fd);
-    struct conn *c = conns.lookup(&key);
-    if (!c)
-        goto out;
-    if (c->flags & CF_TLS && !(c->flags & CF_TLS_PLAIN) && ++c->tls_calls > TLS_GRACE)
-        c->flags &= ~CF_TLS; /* no plaintext came: not the hooked library's; framed as it is */
-    if (!(c->flags & CF_TLS))
-        dispatch(c, a, ret, id);
-    if (c->flags & CF_TLS) { /* ciphertext: the plaintext comes through the library (ssl_leave) */
-        __u32 tid = id;
-        tls_threads.update(&tid, &key); /* the library's next call on this thread is for it */
-    }
-out:
     inflight.delete(&id);
+#if NET_TIER == NET_TIER_SYSCALL
     tails(ctx, 0);
+#endif
     return 0;
 }
 
@@ -1066,15 +1069,22 @@ static __always_inline void dispatch(struct conn *c, struct args *a, long ret, _
     } else if (a->kind & SEND) {
         on_recv(c, a, tgid, ret, a->enter_ns);
     } else {
+        /* waiting on a dependency, as reads of other things are: since the
+         * read began, or where the socket tier cannot see that, since the
+         * connection's last write or read (its request, its last reply bytes) */
+        __u64 since = NET_TIER == NET_TIER_SOCK ? (c->last_out_ns > c->last_in_ns ? c->last_out_ns
+                                                                                  : c->last_in_ns)
+                                                : a->enter_ns;
         on_send(c, a, tgid, ret, now, now);
-        if (READ_WAITS) /* waiting on a dependency, as reads of other things are */
-            time_read(a, id);
+        if (READ_WAITS)
+            time_read(a, id, since);
     }
     __sync_fetch_and_add(&c->seq, 1);
     if (c->flags & CF_STREAM) /* its preface, just seen */
         want_chunk(c, a, ret, dir, dir == CH_OUT ? a->enter_ns : now);
 }
 
+#if NET_TIER == NET_TIER_SYSCALL
 /* Field names differ between syscalls; each pair names its own. */
 TRACEPOINT_PROBE(syscalls, sys_enter_read) { return enter(args->fd, args->buf, K_FLAT); }
 TRACEPOINT_PROBE(syscalls, sys_exit_read) { return leave(args, args->ret); }
@@ -1101,6 +1111,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { return enter(args->fd, args->msg
 TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendfile64) { return enter(args->out_fd, 0, K_NOCOPY | SEND); }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendfile64) { return leave(args, args->ret); }
+#endif
 TRACEPOINT_PROBE(syscalls, sys_enter_accept) { return enter(args->fd, args->upeer_sockaddr, K_ACCEPT); }
 /* An accept that was already blocked when the process became tracked has no
  * entry half to remember; take its connection anyway (peer from the tuple). */
@@ -1146,17 +1157,6 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
     return 0;
 }
 
-/* The socket under the current call: learn it once per connection. */
-static __always_inline struct conn *current_conn(void)
-{
-    __u64 id = bpf_get_current_pid_tgid();
-    struct args *a = inflight.lookup(&id);
-    if (!a || a->kind == K_ACCEPT)
-        return NULL;
-    __u64 key = conn_key(id >> 32, a->fd);
-    return conns.lookup(&key);
-}
-
 /* A TCP client connection whose tuple is known: findable by the server at its
  * other end (link_exchange). Either may come first: a client's first call may
  * be a read (gRPC's), which tells the tuple before any send tells TCP. */
@@ -1171,6 +1171,35 @@ static __always_inline void index_client(struct conn *c)
     }
 }
 
+/* The socket under a call on c: learnt once per connection, with its tuple
+ * when it is a TCP socket that connected while we watched (`socks`). */
+static __always_inline void learn_sock(struct conn *c, __u64 sk)
+{
+    if (c->sk == sk)
+        return;
+    c->sk = sk;
+    struct tuple *t = socks.lookup(&sk);
+    if (t) {
+        c->t = *t;
+        c->flags |= CF_TUPLE;
+        if (NET_TIER == NET_TIER_SOCK) /* `socks` holds TCP sockets only: no tcp_sendmsg hook needed */
+            c->flags |= CF_TCP;
+        index_client(c);
+    }
+}
+
+#if NET_TIER == NET_TIER_SYSCALL
+/* The socket under the current call: learn it once per connection. */
+static __always_inline struct conn *current_conn(void)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    struct args *a = inflight.lookup(&id);
+    if (!a || a->kind == K_ACCEPT)
+        return NULL;
+    __u64 key = conn_key(id >> 32, a->fd);
+    return conns.lookup(&key);
+}
+
 /* tcp_sendmsg ran for the current call's connection. */
 static __always_inline void mark_tcp(void)
 {
@@ -1181,22 +1210,79 @@ static __always_inline void mark_tcp(void)
     }
 }
 
-static __always_inline void learn_sock(__u64 sk)
+static __always_inline void learn_current_sock(__u64 sk)
 {
     struct conn *c = current_conn();
-    if (!c || c->sk == sk)
-        return;
-    c->sk = sk;
-    struct tuple *t = socks.lookup(&sk);
-    if (t) {
-        c->t = *t;
-        c->flags |= CF_TUPLE;
-        index_client(c);
-    }
+    if (c)
+        learn_sock(c, sk);
 }
 
-TRACEPOINT_PROBE(sock, sock_recv_length) { learn_sock((__u64)args->sk); return 0; }
-TRACEPOINT_PROBE(sock, sock_send_length) { learn_sock((__u64)args->sk); return 0; }
+TRACEPOINT_PROBE(sock, sock_recv_length) { learn_current_sock((__u64)args->sk); return 0; }
+TRACEPOINT_PROBE(sock, sock_send_length) { learn_current_sock((__u64)args->sk); return 0; }
+#else
+/* ---- the socket tier: one raw tracepoint per direction, after the socket
+ * layer moved the bytes, inside the syscall that asked: its arguments are in
+ * the registers it entered with (bpf_task_pt_regs). Only the data syscalls
+ * the syscall tier hooks are followed (io_uring, sendmmsg, splice, the
+ * kernel's own sends are not); a read's start is not seen here, so reads of
+ * untracked sockets are not timed, and a client's reads wait since its
+ * connection's last call (dispatch). */
+#if defined(__TARGET_ARCH_x86) || defined(__x86_64__)
+#define SYSCALL_NR(r) ((r)->orig_ax)
+#define SYSCALL_ARG1(r) ((r)->di)
+#define SYSCALL_ARG2(r) ((r)->si)
+#elif defined(__TARGET_ARCH_arm64) || defined(__aarch64__)
+#define SYSCALL_NR(r) ((r)->syscallno)
+#define SYSCALL_ARG1(r) ((r)->orig_x0)
+#define SYSCALL_ARG2(r) ((r)->regs[1])
+#else
+#error "NET_TIER_SOCK: no syscall register layout for this architecture"
+#endif
+
+/* The kind of the data syscall nr (as struct args.kind), 0: not one we follow. */
+static __always_inline __u32 syscall_kind(__u64 nr)
+{
+    switch (nr) {
+    case __NR_read: case __NR_recvfrom: return K_FLAT;
+    case __NR_readv: return K_IOV;
+    case __NR_recvmsg: return K_MSG;
+    case __NR_write: case __NR_sendto: return K_FLAT | SEND;
+    case __NR_writev: return K_IOV | SEND;
+    case __NR_sendmsg: return K_MSG | SEND;
+    case __NR_sendfile: return K_NOCOPY | SEND;
+    }
+    return 0;
+}
+
+/* One program for both directions (attached to sock_send_length and
+ * sock_recv_length: their arguments are alike), so the state machine is
+ * compiled and verified once: the syscall says which way the bytes went. */
+int sock_io(struct bpf_raw_tracepoint_args *ctx)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    __u32 tgid = id >> 32;
+    long ret = (int)ctx->args[1];
+    if (ret <= 0 || !is_tracked(tgid))
+        return 0;
+    struct pt_regs regs = {};
+    bpf_probe_read_kernel(&regs, sizeof(regs), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()));
+    __u32 kind = syscall_kind(SYSCALL_NR(&regs)), send = kind & SEND;
+    if (!kind || (!send && ctx->args[2] & MSG_PEEK_)) /* a peek reads nothing: the next read has the bytes */
+        return 0;
+    struct args a = {.ptr = SYSCALL_ARG2(&regs), .enter_ns = bpf_ktime_get_ns(),
+                     .fd = SYSCALL_ARG1(&regs), .kind = kind};
+    __u64 key = conn_key(tgid, a.fd);
+    struct conn *c = conns.lookup(&key);
+    if (c) {
+        learn_sock(c, ctx->args[0]);
+        moved(c, key, &a, ret, id);
+        tails(ctx, 0);
+    } else if (send && overflow.lookup(&key)) {
+        on_untracked_send(&a, tgid, ret);
+    }
+    return 0;
+}
+#endif
 
 static __always_inline void notify(__u32 kind, __u32 tgid);
 
@@ -1234,7 +1320,8 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 }
 
 /* tcp_sendmsg: marks the connection as TCP, through the best hook this kernel has. */
-#if TCP_SENDMSG_HOOK == TCP_SENDMSG_FENTRY
+#if NET_TIER == NET_TIER_SOCK
+#elif TCP_SENDMSG_HOOK == TCP_SENDMSG_FENTRY
 KFUNC_PROBE(tcp_sendmsg, struct sock *sk)
 {
     mark_tcp();

@@ -9,7 +9,12 @@
  *   HEAD_SCAN            request head bytes searched for trace context headers
  *   MAX_CONNS            connections tracked at once
  *   RINGBUF_PAGES        exchange ring buffer size in pages (power of two)
- *   TCP_SENDMSG_HOOK     TCP_SENDMSG_FENTRY, _KPROBE or _TRACEPOINT (tcp:tcp_sendmsg_locked)
+ *   NET_TIER             where the bytes of socket calls are read: NET_TIER_SOCK (raw
+ *                        tracepoints sock:sock_send_length/sock_recv_length, the call's
+ *                        arguments from the syscall's registers) or NET_TIER_SYSCALL (the
+ *                        data syscalls' enter/exit tracepoints)
+ *   TCP_SENDMSG_HOOK     TCP_SENDMSG_FENTRY, _KPROBE or _TRACEPOINT (tcp:tcp_sendmsg_locked);
+ *                        NET_TIER_SYSCALL only (the socket tier knows TCP from the socket)
  *   GENAI                1: keep the payload pieces below for POST exchanges, 0: none
  *   BODY_CAP             first bytes of a POST request's body kept
  *   TAIL_CAP             last bytes of a POST request and of its response kept (power of two)
@@ -30,6 +35,8 @@
 #define TCP_SENDMSG_FENTRY 1
 #define TCP_SENDMSG_KPROBE 2
 #define TCP_SENDMSG_TRACEPOINT 3
+#define NET_TIER_SOCK 1
+#define NET_TIER_SYSCALL 2
 
 #ifndef REQ_CAP
 #define REQ_CAP 256
@@ -45,6 +52,9 @@
 #endif
 #ifndef RINGBUF_PAGES
 #define RINGBUF_PAGES 16384
+#endif
+#ifndef NET_TIER
+#define NET_TIER NET_TIER_SYSCALL
 #endif
 #ifndef TCP_SENDMSG_HOOK
 #define TCP_SENDMSG_HOOK TCP_SENDMSG_TRACEPOINT

@@ -21,6 +21,8 @@ def _in_order(labels: dict[int, str], count: int) -> tuple[str, ...]:
 # ---- net ----
 # TCP_SENDMSG_HOOK (-D): which hook marks a connection as TCP
 TCP_SENDMSG_FENTRY, TCP_SENDMSG_KPROBE, TCP_SENDMSG_TRACEPOINT = 1, 2, 3
+# NET_TIER (-D): which hooks read the bytes of socket calls
+NET_TIER_SOCK, NET_TIER_SYSCALL = 1, 2
 
 # enum conn_state: struct conn.state
 ST_IDLE, ST_READING, ST_RESPONDING = 0, 1, 2

@@ -113,7 +113,7 @@ class Agent:
         return otlp_settings.settings(signal, endpoint=t.otlp_endpoint, protocol=t.otlp_protocol)
 
     def start(self) -> None:
-        from .probes import capability
+        from .probes import capability, hooks
         from .probes.net import NetProbe, cflags
 
         mounted = tracefs.ensure_mounted()
@@ -127,12 +127,18 @@ class Agent:
         if note:
             log.info("%s", note)
         caps = capability.probe_all()
-        plan = capability.plan(caps)["net"]
-        for line in capability.fallback_notes({"net": plan}, caps):
+        wanted = self.config.socket_hooks
+        plan = capability.plan(caps, socket_hooks=wanted)["net"]
+        for line in capability.fallback_notes({"net": plan}, caps, wanted):
             log.info("%s", line)
-        tcp_hook = plan["tcp_sendmsg"]
-        if tcp_hook is None:
+        io_hook, tcp_hook = plan["socket_io"], plan.get("tcp_sendmsg")
+        if io_hook is None:
+            raise SitsprobeError(f"no hook for the bytes of socket calls on this kernel (socket_hooks: "
+                                 f"{wanted}; see `sitsprobe doctor`)")
+        if io_hook == hooks.SYSCALL_TIER and tcp_hook is None:
             raise SitsprobeError("no hook for tcp_sendmsg on this kernel (see `sitsprobe doctor`)")
+        log.info("socket calls read through %s%s", io_hook,
+                 "" if wanted == "auto" else f" (socket_hooks: {wanted})")
         run_queue = self.config.stitch.run_queue and bool(plan["run_queue"] and plan["run_queue_wakeup"])
         if self.config.stitch.run_queue and not run_queue:
             log.warning("stitch.run_queue: sched:sched_switch or sched:sched_wakeup unavailable here; "
@@ -142,7 +148,7 @@ class Agent:
         self.probe = NetProbe(
             cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
                    max_connections=self.config.stitch.max_connections,
-                   ring_buffer_mib=self.config.ring_buffer_mib, tcp_sendmsg=tcp_hook,
+                   ring_buffer_mib=self.config.ring_buffer_mib, socket_io=io_hook, tcp_sendmsg=tcp_hook,
                    run_queue=run_queue, read_waits=self.config.stitch.read_waits,
                    outgoing=self.config.stitch.outgoing, stream_bytes=cap.stream_bytes,
                    genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,

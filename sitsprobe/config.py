@@ -170,6 +170,7 @@ class Config:
     duration_s: float | None
     stop_timeout_s: float
     kernel_headers: str | None
+    socket_hooks: str
     log_level: str
 
 
@@ -419,6 +420,7 @@ _RULES: dict[str, Rule] = {
     "duration_s": _opt(_num(0, above=True)),
     "stop_timeout_s": _num(0.5, 120),
     "kernel_headers": _opt(_PATH),
+    "socket_hooks": _choice("auto", "socket", "syscall"),
     "log_level": _choice("debug", "info", "warning", "error"),
 }
 _SECTIONS = {"select": Select, "capture": Capture, "stitch": Stitch, "routes": Routes,

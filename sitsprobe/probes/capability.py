@@ -29,15 +29,33 @@ _MAIN = {
     "syscall_tracepoint": ("attach_tracepoint", {"tp": SYSCALL_TP}, SYSCALL_TP),
     "tracepoint": ("attach_tracepoint", {"tp": NET_TP}, NET_TP),
     "raw_tracepoint": ("attach_raw_tracepoint", {"tp": "sys_enter"}, "sys_enter"),
+    # the socket tier (bpf/net.c NET_TIER_SOCK): a raw tracepoint on sock_send_length
+    # that reads the syscall's number from its registers, as the tier does
+    "sock_tracepoint": ("attach_raw_tracepoint", {"tp": "sock_send_length"},
+                        "sock:sock_send_length (with the syscall's registers)"),
     "kprobe": ("attach_kprobe", {"event": KFUNC}, KFUNC),
     "uprobe": ("attach_uprobe", {"name": "c", "sym": "getppid"}, "libc:getppid"),
 }
-_HITS = """BPF_ARRAY(hits, u64, 8);
+_HITS = """#include <linux/ptrace.h>
+#include <asm/unistd.h>
+BPF_ARRAY(hits, u64, 8);
 static inline int bump(int i) {
     if ((bpf_get_current_pid_tgid() >> 32) != PID) return 0;
     u64 *v = hits.lookup(&i);
     if (v) __sync_fetch_and_add(v, 1);
     return 0;
+}
+"""
+# counts only a send whose registers say sendto (the trigger's): proves they are read right
+_SOCK_CHECK = """int on_sock_tracepoint(void *ctx) {
+    struct pt_regs r = {};
+    bpf_probe_read_kernel(&r, sizeof(r), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()));
+#if defined(__x86_64__)
+    if (r.orig_ax != __NR_sendto) return 0;
+#else
+    if (r.syscallno != __NR_sendto) return 0;
+#endif
+    return bump(%d);
 }
 """
 _RINGBUF = """BPF_RINGBUF_OUTPUT(events, 1);
@@ -147,7 +165,8 @@ def _close(b) -> None:
 
 
 def _probe_main(BPF, root: str) -> dict[str, Capability]:
-    text = _HITS + "".join(f"int on_{k}(void *ctx) {{ return bump({i}); }}\n"
+    text = _HITS + "".join(_SOCK_CHECK % i if k == "sock_tracepoint" else
+                           f"int on_{k}(void *ctx) {{ return bump({i}); }}\n"
                            for i, k in enumerate(_MAIN))
     try:
         with _quiet() as noise:

@@ -11,12 +11,13 @@ from importlib import resources
 from operator import itemgetter
 from pathlib import Path
 
-from ..abi import (CF_BODY, CF_SEEDED, CF_TUPLE, END_FLUSH, N_EXEC, N_LISTEN, NET_COUNTERS as COUNTERS, ST_IDLE, ST_READING,
-                   ST_RESPONDING, TCP_SENDMSG_FENTRY, TCP_SENDMSG_KPROBE, TCP_SENDMSG_TRACEPOINT)
+from ..abi import (CF_BODY, CF_SEEDED, CF_TCP, CF_TUPLE, END_FLUSH, N_EXEC, N_LISTEN, NET_COUNTERS as COUNTERS,
+                   NET_TIER_SOCK, NET_TIER_SYSCALL, ST_IDLE, ST_READING, ST_RESPONDING, TCP_SENDMSG_FENTRY,
+                   TCP_SENDMSG_KPROBE, TCP_SENDMSG_TRACEPOINT)
 from ..procs import BlockedRead
 from ..events import Beat, Chunk, Exchange, ProcessNotice
 from ..request import Endpoint, Payload, Write
-from .hooks import FENTRY, KPROBE, TRACEPOINT, Hook
+from .hooks import FENTRY, KPROBE, RAW_TRACEPOINT, TRACEPOINT, Hook
 from .layout import Layout
 from .maps import MapCopy
 from .ring import DrainBudget
@@ -24,6 +25,8 @@ from .tls import TlsHooks
 
 BPF_NOEXIST = 1  # map update flag: create only
 _HOOK_CODE = {FENTRY: TCP_SENDMSG_FENTRY, KPROBE: TCP_SENDMSG_KPROBE, TRACEPOINT: TCP_SENDMSG_TRACEPOINT}
+_TIER_CODE = {RAW_TRACEPOINT: NET_TIER_SOCK, TRACEPOINT: NET_TIER_SYSCALL}
+_TAILS = (b"scan_head", b"send_beat", b"send_chunk")  # bpf/net.c's tail calls, by index
 _KEY = struct.Struct("=Q")  # conns key: tgid << 32 | fd
 _FAMILIES = {socket.AF_INET: (socket.AF_INET, 4), socket.AF_INET6: (socket.AF_INET6, 16)}
 
@@ -34,19 +37,27 @@ def bpf_dir() -> Path:
 
 
 def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
-           ring_buffer_mib: int, tcp_sendmsg: Hook, run_queue: bool = True, read_waits: bool = True,
+           ring_buffer_mib: int, socket_io: Hook, tcp_sendmsg: Hook | None = None,
+           run_queue: bool = True, read_waits: bool = True,
            outgoing: bool = True, stream_bytes: int = 4096,
            genai: bool = True, body_bytes: int = 512,
            tail_bytes: int = 512, write_peek_bytes: int = 384, max_writes: int = 4096,
            max_payloads: int = 4096) -> list[str]:
-    """Load-time settings as -D constants (never string templating)."""
+    """Load-time settings as -D constants (never string templating).
+    ``socket_io`` is the tier chosen for the bytes of socket calls
+    (hooks.SOCKET_TIER or SYSCALL_TIER); ``tcp_sendmsg`` matters on the
+    syscall tier only."""
+    tier = _TIER_CODE[socket_io.kind]
+    if tier == NET_TIER_SYSCALL and tcp_sendmsg is None:
+        raise ValueError("the syscall tier needs a tcp_sendmsg hook")
     return [
         f"-I{bpf_dir()}",
         f"-DREQ_CAP={request_bytes}",
         f"-DRESP_CAP={response_bytes}",
         f"-DMAX_CONNS={max_connections}",
         f"-DRINGBUF_PAGES={ring_buffer_mib * 256}",
-        f"-DTCP_SENDMSG_HOOK={_HOOK_CODE[tcp_sendmsg.kind]}",
+        f"-DNET_TIER={tier}",
+        *([f"-DTCP_SENDMSG_HOOK={_HOOK_CODE[tcp_sendmsg.kind]}"] if tier == NET_TIER_SYSCALL else []),
         f"-DRUNQ={int(run_queue)}",
         f"-DREAD_WAITS={int(read_waits)}",
         f"-DOUTGOING={int(outgoing)}",
@@ -201,10 +212,16 @@ class NetProbe:
         from bcc import BPF  # the probes layer is the only one that imports bcc
 
         self._bpf = BPF(src_file=str(bpf_dir() / "net.c").encode(), cflags=flags)
-        for i, name in enumerate((b"scan_head", b"send_beat", b"send_chunk")):  # tail-called, never attached
-            self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(self._bpf.load_func(name, BPF.TRACEPOINT).fd)
-            self._bpf[b"uscan_prog"][ct.c_int(i)] = ct.c_int(self._bpf.load_func(b"u" + name, BPF.KPROBE).fd)
-        self.tls = TlsHooks(self._bpf)
+        self.socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
+        # tail-called, never attached; each of the type of the programs that call it
+        caller = BPF.RAW_TRACEPOINT if self.socket_tier else BPF.TRACEPOINT
+        for i, name in enumerate(_TAILS):
+            self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(self._bpf.load_func(name, caller).fd)
+        if self.socket_tier:
+            for tp in (b"sock_send_length", b"sock_recv_length"):  # one program, both ways
+                self._bpf.attach_raw_tracepoint(tp=tp, fn_name=b"sock_io")
+        self._user_tails = False
+        self.tls = TlsHooks(self._bpf, prepare=self._load_user_tails)
         self._conns = self._bpf["conns"]
         self._tracked = self._bpf["tracked"]
         self._conn_type = self._conns.Leaf
@@ -248,6 +265,18 @@ class NetProbe:
         self._notice_map.open_ring_buffer(notice_cb)
         self._bpf["streams"].open_ring_buffer(chunk_cb)
 
+    def _load_user_tails(self) -> None:
+        """The tail programs of the TLS library's returns: loaded (verified:
+        the better part of a second) when the first TLS probe goes on."""
+        from bcc import BPF
+
+        if self._user_tails:
+            return
+        table = self._bpf[b"uscan_prog"]
+        for i, name in enumerate(_TAILS):
+            table[ct.c_int(i)] = ct.c_int(self._bpf.load_func(b"u" + name, BPF.KPROBE).fd)
+        self._user_tails = True
+
     def track(self, tgid: int) -> None:
         self._tracked[ct.c_uint(tgid)] = ct.c_ubyte(1)
 
@@ -267,7 +296,7 @@ class NetProbe:
         c.t.family = _fill(c.t.laddr, local)
         _fill(c.t.raddr, peer)
         c.t.lport, c.t.rport = local.port, peer.port
-        c.flags = CF_TUPLE | CF_SEEDED
+        c.flags = CF_TUPLE | CF_TCP | CF_SEEDED  # from /proc/net/tcp: TCP
         key = self._conns.Key((tgid << 32) | fd)
         # BPF_NOEXIST: the process is already tracked while we read /proc, so
         # the kernel may have taken this connection, mid-exchange, meanwhile.
@@ -282,7 +311,10 @@ class NetProbe:
         blocked on a seeded connection): give each the entry record its
         syscall's enter half would have made, so its exit frames the request.
         ``still()`` reads them again: a thread that returned meanwhile leaves
-        a record no syscall of its own will take, which is removed."""
+        a record no syscall of its own will take, which is removed. The
+        socket tier needs no entry record: the read's registers say it all."""
+        if self.socket_tier:
+            return len(reads)
         inflight = self._bpf["inflight"]
         now = time.monotonic_ns()
         for r in reads:

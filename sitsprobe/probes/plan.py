@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 Plan = dict[str, dict[str, "hooks.Hook | None"]]  # group -> point -> hook (None: nothing works)
 
 _CAPABILITY = {hooks.FENTRY: "fentry", hooks.KPROBE: "kprobe", hooks.UPROBE: "uprobe",
-               hooks.USDT: "usdt"}
+               hooks.USDT: "usdt", hooks.RAW_TRACEPOINT: "sock_tracepoint"}
 
 
 def capability_for(hook: hooks.Hook) -> str:
@@ -22,8 +22,10 @@ def capability_for(hook: hooks.Hook) -> str:
     return _CAPABILITY[hook.kind]
 
 
-def plan(caps: dict[str, Capability], root: str = "/") -> Plan:
-    """Probe group -> point -> the best hook that works here."""
+def plan(caps: dict[str, Capability], root: str = "/", socket_hooks: str = "auto") -> Plan:
+    """Probe group -> point -> the best hook that works here, of those the
+    ``socket_hooks`` setting allows. On the socket tier, the points only the
+    syscall tier needs are left out."""
     def ok(name: str) -> bool:
         return name in caps and caps[name].ok
 
@@ -31,15 +33,20 @@ def plan(caps: dict[str, Capability], root: str = "/") -> Plan:
     available[hooks.TRACEPOINT] = ok("tracepoint") or ok("syscall_tracepoint")
 
     def usable(hook: hooks.Hook) -> bool:
-        return hook.kind != hooks.TRACEPOINT or (
-            ok(capability_for(hook)) and tracefs.tracepoint_exists(hook.target, root))
+        if hook.kind not in (hooks.TRACEPOINT, hooks.RAW_TRACEPOINT):
+            return True
+        return ok(capability_for(hook)) and all(tracefs.tracepoint_exists(t, root)
+                                                for t in hook.targets())
 
-    return {group: {point: hooks.choose(candidates, available, usable)
-                    for point, candidates in points.items()}
-            for group, points in hooks.PROBES.items()}
+    chosen = {group: {point: hooks.choose(candidates, available, usable)
+                      for point, candidates in points.items()}
+              for group, points in hooks.candidates(socket_hooks).items()}
+    if chosen["net"]["socket_io"] == hooks.SOCKET_TIER:
+        chosen["net"] = {p: h for p, h in chosen["net"].items() if p not in hooks.SYSCALL_TIER_ONLY}
+    return chosen
 
 
-def fallback_notes(chosen: Plan, caps: dict[str, Capability]) -> list[str]:
+def fallback_notes(chosen: Plan, caps: dict[str, Capability], socket_hooks: str = "auto") -> list[str]:
     """One line per point that did not get its first choice, saying why:
     "tcp_sendmsg: fentry unavailable (EPERM), kprobe unavailable
     (CONFIG_KPROBES unset); using tracepoint tcp:tcp_sendmsg_locked"."""
@@ -47,7 +54,7 @@ def fallback_notes(chosen: Plan, caps: dict[str, Capability]) -> list[str]:
     for group, points in chosen.items():
         for point, hook in points.items():
             skipped = []
-            for candidate in hooks.PROBES[group][point]:
+            for candidate in hooks.candidates(socket_hooks)[group][point]:
                 if candidate == hook:
                     break
                 cap = caps.get(capability_for(candidate))

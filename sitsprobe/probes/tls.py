@@ -36,9 +36,12 @@ class TlsHooks:
     """The TLS probes of the net program (its ``bpf``): which libraries carry
     them, and which traced processes they cover (the kernel's `tls_procs`)."""
 
-    def __init__(self, bpf, proc: str = "/proc"):
+    def __init__(self, bpf, proc: str = "/proc", prepare=lambda: None):
+        """``prepare()`` runs before the first probe goes on (loading what
+        only the probes need: nothing of it is paid where no TLS is traced)."""
         self._bpf = bpf
         self._proc = proc
+        self._prepare = prepare
         self._procs = bpf["tls_procs"]
         self._events: dict[int, list[bytes]] = {}  # pid -> its probes (bcc's event names)
         self.failed: dict[int, str] = {}  # pid -> why its libssl could not be probed
@@ -62,6 +65,7 @@ class TlsHooks:
         return None
 
     def _attach(self, lib: MappedLibrary, pid: int) -> None:
+        self._prepare()
         via = f"{self._proc}/{pid}/root{lib.path}"  # the file in the process's mount namespace
         before, done = set(self._bpf.uprobe_fds), []
         for sym, entry in SYMBOLS.items():

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from sitsprobe import doctor, tracefs
-from sitsprobe.probes import capability
+from sitsprobe.probes import capability, hooks
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.filterwarnings("ignore:not a bytes object:DeprecationWarning")]
@@ -176,10 +176,11 @@ def test_this_machine_falls_back_to_tracepoints(outcome):
     assert not caps["kprobe"]["ok"] and caps["kprobe"]["reason"] == "CONFIG_KPROBES unset"
     assert "kprobe_events missing" in caps["kprobe"]["detail"]
     assert not caps["fentry"]["ok"] and caps["fentry"]["reason"]
-    assert r["plan"]["net"]["tcp_sendmsg"] == "tracepoint tcp:tcp_sendmsg_locked"
-    note = next(n for n in r["notes"] if n.startswith("tcp_sendmsg:"))
-    assert "kprobe unavailable (CONFIG_KPROBES unset)" in note
-    assert note.endswith("using tracepoint tcp:tcp_sendmsg_locked")
+    # the socket tier needs no tcp_sendmsg hook; the syscall tier falls back to its tracepoint
+    assert r["plan"]["net"]["socket_io"] == str(hooks.SOCKET_TIER)
+    assert "tcp_sendmsg" not in r["plan"]["net"]
+    syscall_tier = capability.plan(capability.probe_all(), socket_hooks="syscall")["net"]
+    assert syscall_tier["tcp_sendmsg"] == hooks.Hook(hooks.TRACEPOINT, "tcp:tcp_sendmsg_locked")
 
 
 def test_report_is_ok_json_and_leaves_nothing_behind(outcome):
