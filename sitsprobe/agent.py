@@ -66,7 +66,8 @@ class Agent:
                 "or set select.* in the config file")
         self.clock = WallClock()
         self.metrics = RequestMetrics()
-        self.sampler = TraceSampler(config.traces.max_per_second, config.traces.keep_slowest)
+        self.sampler = TraceSampler(config.traces.max_per_second, config.traces.keep_slowest,
+                                    cpu_budget=config.traces.cpu_budget)
         self.joiner = Joiner(config.stitch.join_wait_ms * 1_000_000)
         self._tls_next: dict[int, float] = {}  # pid -> when to look for its libssl again
         self._tls_said: set[int] = set()  # pids whose opaque TLS the log explained
@@ -248,7 +249,10 @@ class Agent:
         registry.register(KernelMetrics(
             self._counters, self._status_rows, self._gauges,
             lambda: {"seen": self.sampler.seen, "sampled": self.sampler.exported,
-                     "sampled_out": self.sampler.dropped},
+                     "sampled_out": self.sampler.dropped,
+                     "budget_per_second": self.sampler.budget_per_second,
+                     "cost_per_trace_seconds": self.sampler.cost_per_trace,
+                     "cpu_seconds": self.sampler.cpu_seconds},
             lambda: dict(self.tracked), self.containers.get, self._untracked_rows))
 
     def _serve_metrics(self, registry: CollectorRegistry) -> None:
@@ -511,7 +515,14 @@ class Agent:
         """Joined traces to the sampler; the late parts of ones it let out, out."""
         for t in traces:
             for chosen in (t,) if t.late else self.sampler.offer(t, now):
-                self.exporter.export_trace(chosen, self._enrich)
+                self._export(chosen)
+
+    def _export(self, t: Trace) -> None:
+        """A trace out, its CPU charged to the sampler's budget (what the
+        exporter's sender spends is charged by the exporter)."""
+        began = time.thread_time()
+        self.exporter.export_trace(t, self._enrich)
+        self.sampler.charge(time.thread_time() - began)
 
     def _flush(self, everything: bool = False) -> dict[int, float]:
         """Report responses whose framing says they are done (with
@@ -547,7 +558,7 @@ class Agent:
                     self.gpu.tick(list(self.tracked), self._demand(in_flight))
                 self._send(self.joiner.expire(time.monotonic_ns()), time.monotonic_ns())
                 for t in self.sampler.flush(time.monotonic_ns()):
-                    self.exporter.export_trace(t, self._enrich)
+                    self._export(t)
                 self.losses.tick(now)  # a loss said as it starts, lasts and stops
                 next_flush = now + flush_every
             if now >= next_rescan:
@@ -588,7 +599,7 @@ class Agent:
                 self._engine_tick(time.monotonic_ns(), everything=True)
                 self._send(self.joiner.expire(time.monotonic_ns(), everything=True), time.monotonic_ns())
                 for t in self.sampler.flush():
-                    self.exporter.export_trace(t, self._enrich)
+                    self._export(t)
                 self.losses.finish()  # the totals, if anything was lost
             # the metrics' last export reads the probes' maps: before they go, in half the time left
             half = time.monotonic() + max(0.0, deadline - time.monotonic()) / 2

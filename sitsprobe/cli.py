@@ -55,7 +55,8 @@ Three tables, over the requests (SERVER spans) that ended in the window:
   head sampling at --sample-ratio would show (decided by trace id, exactly as
   OpenTelemetry's TraceIdRatioBased sampler), and the spread of 100 random
   samples at that ratio. The "exact" P99 is exact only if the input holds
-  every request: a traces file written with traces.max_per_second 0, or --agent.
+  every request: a traces file written with traces.cpu_budget and
+  traces.max_per_second 0, or --agent.
 Quantiles are nearest-rank: the smallest value with at least that share of
 the requests at or below it.
 """

@@ -68,6 +68,7 @@ class Traces:
     file: str | None
     otlp_endpoint: str | None
     otlp_protocol: str | None
+    cpu_budget: float
     max_per_second: int
     keep_slowest: int
     metrics_interval_s: float
@@ -375,6 +376,7 @@ _RULES: dict[str, Rule] = {
     "traces.otlp_endpoint": _opt(_str("an http:// or https:// URL",
                                       lambda s: re.match(r"https?://[^/\s]", s) is not None)),
     "traces.otlp_protocol": _opt(_choice("grpc", "http/protobuf")),
+    "traces.cpu_budget": _num(0, 1),
     "traces.max_per_second": _int(0),
     "traces.keep_slowest": _int(0),
     "traces.metrics_interval_s": _num(0.1, 3600),

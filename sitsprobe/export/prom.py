@@ -322,17 +322,21 @@ class KernelMetrics:
             "writes_unheld": "write_queue_full",
             "notices_lost": "notice_ring_full", "inflight_lost": "inflight_table_full",
             "marker_lost": "marker_ring_full", "marker_batch_ids_dropped": "marker_batch_ids_dropped"}
+    # sampler_counts' keys besides the outcomes of sitsprobe_traces_total, each
+    # reported when given (TraceSampler's budget_per_second, cost_per_trace, cpu_seconds)
+    SAMPLER_NUMBERS = ("budget_per_second", "cost_per_trace_seconds", "cpu_seconds")
 
     def __init__(self, counters: Callable[[], dict[str, int]],
                  status_rows: Callable[[], dict[tuple[str, str, int], int]],
                  gauges: Callable[[], dict[str, float]],
-                 sampler_counts: Callable[[], dict[str, int]],
+                 sampler_counts: Callable[[], dict[str, float]],
                  tracked: Callable[[], dict[int, str]],
                  container: Callable[[int], Container | None] = lambda pid: None,
                  untracked: Callable[[], dict[tuple[str, str], int]] = dict):
         """status_rows: (pid, process, status) -> responses; untracked: (pid,
         process) -> of those, on untracked connections. pid "": the totals
-        of the processes of that name that exited."""
+        of the processes of that name that exited. sampler_counts: outcome
+        (seen, sampled, sampled_out) -> requests, and SAMPLER_NUMBERS."""
         self._counters, self._status, self._untracked = counters, status_rows, untracked
         self._gauges, self._sampler = gauges, sampler_counts
         self._tracked, self._container = tracked, container
@@ -364,9 +368,12 @@ class KernelMetrics:
         traces = CounterMetricFamily("sitsprobe_traces", "Requests offered to the trace sampler (seen), "
                                      "and what it decided: sampled (exported), sampled_out",
                                      labels=("outcome",))
-        for outcome, n in self._sampler().items():
+        sampler = dict(self._sampler())
+        numbers = {k: sampler.pop(k) for k in self.SAMPLER_NUMBERS if k in sampler}
+        for outcome, n in sampler.items():
             traces.add_metric([outcome], n)
         yield traces
+        yield from self._sampler_numbers(numbers)
         info = GaugeMetricFamily("sitsprobe_tracked_process_info",
                                  "Processes traced now, with their container and pod (join on pid)",
                                  labels=("pid", "process", "container_id", "pod_uid"))
@@ -376,6 +383,30 @@ class KernelMetrics:
         yield info
         for name, value in self._gauges().items():
             yield GaugeMetricFamily(f"sitsprobe_{name}", name.replace("_", " "), value=value)
+
+    @staticmethod
+    def _sampler_numbers(n: dict[str, float]):
+        """What a trace count means: how many the sampler may let out, and at what CPU cost."""
+        if "budget_per_second" in n:
+            yield GaugeMetricFamily(
+                "sitsprobe_trace_budget_per_second",
+                "Traces the sampler may export at once in the current 1-second window: the CPU "
+                "traces.cpu_budget allows (less what windows that overspent owe) over sitsprobe_trace_cost_seconds, "
+                "at least 10; or traces.max_per_second without a CPU budget; never above traces.max_per_second "
+                "when set; +Inf: no budget. Past it, errors and the slowest few still go out",
+                value=n["budget_per_second"])
+        if "cost_per_trace_seconds" in n:
+            yield GaugeMetricFamily(
+                "sitsprobe_trace_cost_seconds",
+                "Agent CPU seconds one exported trace costs (spans made and sent), as the sampler estimates "
+                "it from recent windows; the budget is traces.cpu_budget divided by this",
+                value=n["cost_per_trace_seconds"])
+        if "cpu_seconds" in n:
+            yield CounterMetricFamily(
+                "sitsprobe_trace_cpu_seconds",
+                "Agent CPU seconds spent tracing: turning sampled requests into spans and exporting them. "
+                "Its rate is the share of one core tracing takes, which the sampler holds to traces.cpu_budget",
+                value=n["cpu_seconds"])
 
 
 class JoinMetrics:

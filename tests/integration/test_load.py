@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import Nginx, wait_until
 
-AGENT_TRACES = {"max_per_second": 200}  # traces are sampled under load; metrics are not
+AGENT_TRACES = {"max_per_second": 200, "cpu_budget": 0}  # traces are sampled under load; metrics are not
 
 
 @pytest.fixture

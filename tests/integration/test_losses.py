@@ -20,7 +20,7 @@ def test_a_full_ring_buffer_is_said_in_the_log(tmp_path: Path):
     if not shutil.which("ab"):
         pytest.skip("ab (apache2-utils) is needed: .ci/run installs it")
     (tmp_path / "agent").mkdir()
-    with (running_agent(tmp_path / "agent", {}, {"max_per_second": 50}, {"ring_buffer_mib": 1}) as agent,
+    with (running_agent(tmp_path / "agent", {}, {"max_per_second": 50, "cpu_budget": 0}, {"ring_buffer_mib": 1}) as agent,
           Nginx(agent, tmp_path / "nginx") as n):
         os.kill(agent.proc.pid, signal.SIGSTOP)  # nothing drains the ring now
         try:

@@ -36,7 +36,7 @@ from .test_net import Client
 # the module's agent (parts 2 and 3): a connection table that 500 keep-alive
 # connections overflow; traces sampled under load, metrics are not
 AGENT_EXTRA = {"stitch": {"flush_interval_ms": 50, "max_connections": 64}}
-AGENT_TRACES = {"max_per_second": 200}
+AGENT_TRACES = {"max_per_second": 200, "cpu_budget": 0}
 
 ENGINE_SEED = "11"  # selects this file's engine only
 LATE_REQUESTS = 5

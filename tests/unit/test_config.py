@@ -46,7 +46,7 @@ def test_defaults_load():
     assert (c.stitch.flush_interval_ms, c.stitch.max_connections) == (250, 16384)
     assert c.routes.templates == () and c.routes.collapse_ids is True and c.routes.max_routes == 500
     assert c.traces.file is None and c.traces.otlp_endpoint is None and c.traces.otlp_protocol is None
-    assert (c.traces.max_per_second, c.traces.keep_slowest) == (200, 20)
+    assert (c.traces.cpu_budget, c.traces.max_per_second, c.traces.keep_slowest) == (0.05, 0, 20)
     assert (c.metrics.address, c.metrics.port) == ("0.0.0.0", 9102)
     assert c.duration_s is None and c.kernel_headers is None and c.log_level == "info"
 
@@ -171,6 +171,15 @@ def test_out_of_range(tmp_path):
     assert (e.source, e.key, e.got) == (str(path), "capture.request_bytes", 99999)
 
 
+def test_cpu_budget_is_a_share_of_one_core(tmp_path):
+    path = tmp_path / "sitsprobe.yaml"
+    e = error(tmp_path, "traces:\n  cpu_budget: 5\n")  # 5 %, meant as a percentage
+    assert str(e) == f"{path}: traces.cpu_budget: expected a number 0..1, got 5"
+    assert e.key == "traces.cpu_budget"
+    assert load(write(tmp_path, "traces:\n  cpu_budget: 0\n")).traces.cpu_budget == 0.0  # max_per_second alone
+    assert load(None, {"traces.cpu_budget": 1}).traces.cpu_budget == 1.0
+
+
 @pytest.mark.parametrize("key,value,expected", [
     ("ring_buffer_mib", 48, "a power-of-two integer 1..1024"),
     ("select.rescan_interval_s", 0.01, "a number 0.05..60"),
@@ -180,6 +189,9 @@ def test_out_of_range(tmp_path):
     ("traces.otlp_protocol", "http/json", "null or one of: grpc, http/protobuf"),
     ("traces.otlp_endpoint", "collector:4317", "null or an http:// or https:// URL"),
     ("traces.max_per_second", -1, "an integer >= 0"),
+    ("traces.cpu_budget", 1.5, "a number 0..1"),  # a share of one core
+    ("traces.cpu_budget", -0.05, "a number 0..1"),
+    ("traces.cpu_budget", "5%", "a number 0..1"),
     ("log_level", "verbose", "one of: debug, info, warning, error"),
     ("routes.collapse_ids", "yes please", "true or false"),
     ("metrics.port", 70000, "an integer 0..65535"),

@@ -45,7 +45,7 @@ REALISTIC = {
         "ring_buffer_mib": 128,
         "stitch": {"max_connections": 1048576, "flush_interval_ms": 100},
         "routes": {"templates": ["/v1/models/{model}"], "max_routes": 2000},
-        "traces": {"max_per_second": 500, "otlp_protocol": "grpc", "metrics_interval_s": 15},
+        "traces": {"cpu_budget": 0.1, "max_per_second": 500, "otlp_protocol": "grpc", "metrics_interval_s": 15},
         "metrics": {"port": 9300},
         "engine": {"join_wait_ms": 1000},
         "cache": {"probes": ["redis"], "prefix_segments": 2, "bucket_s": 30},
@@ -272,6 +272,7 @@ def test_misspelt_key_is_refused_by_name(values, key):
     ({"config": {"ring_buffer_mib": 48}}, "/config/ring_buffer_mib"),
     ({"config": {"log_level": "verbose"}}, "/config/log_level"),
     ({"config": {"metrics": {"port": 0}}}, "/config/metrics/port"),
+    ({"config": {"traces": {"cpu_budget": 5}}}, "/config/traces/cpu_budget"),  # a share of one core: 0..1
     ({"otlp": {"endpoint": "otel-collector:4317"}}, "/otlp/endpoint"),
     ({"security": {"privileged": "yes"}}, "/security/privileged"),
 ])
