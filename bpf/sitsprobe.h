@@ -24,7 +24,8 @@
  *   RUNQ                 1: time tracked processes' threads wait to run (sched tracepoints)
  *   OUTGOING             1: follow the TCP connections tracked processes open (connect)
  *   CHUNK_CAP            bytes of each read and write of an HTTP/2 connection copied (power of two)
- *   STREAM_PAGES         `streams` ring buffer size in pages (power of two)
+ *   STREAM_PAGES         `streams` ring buffer size in pages (power of two; userspace gives
+ *                        it RINGBUF_PAGES too)
  *   READ_WAITS           1: time tracked threads spend in reads of anything but their
  *                        tracked connections (files, pipes, a dependency's socket),
  *                        and of those, in reads of a Redis reply

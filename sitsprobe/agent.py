@@ -115,6 +115,7 @@ class Agent:
 
     def start(self) -> None:
         from .probes import capability, hooks
+        from .probes.memory import release_compiler
         from .probes.net import NetProbe, cflags
 
         mounted = tracefs.ensure_mounted()
@@ -177,6 +178,7 @@ class Agent:
                                                   self.config.traces.metrics_interval_s)
         self.probe.select_ports(self.config.select.ports)
         self._rescan()
+        release_compiler()  # every program is loaded: the compiler's pages and heap go
         self.ready = True
         log.info("tracing %d process(es): %s", len(self.tracked),
                  ", ".join(f"{c}[{p}]" for p, c in sorted(self.tracked.items())) or "none yet")

@@ -54,7 +54,9 @@ class GpuWatch:
         except NvmlUnavailable as e:
             self.status = f"GPU sampling off: {e}"
         log.info("%s", self.status)
-        if self._want_cuda and cuda_flags is not None:
+        if self._want_cuda and cuda_flags is not None and self.sampler is None:
+            log.info("CUDA probes off: no GPU driver (NVML) here, so no CUDA call can reach a device")
+        elif self._want_cuda and cuda_flags is not None:
             from .probes.cuda import CudaProbe
             try:
                 self.cuda = CudaProbe(cuda_flags)

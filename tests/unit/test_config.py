@@ -42,7 +42,7 @@ def test_defaults_load():
     assert c.capture.redact_headers == ("authorization", "cookie", "set-cookie",
                                         "proxy-authorization", "x-api-key")
     assert c.capture.keep_query_params == ()  # every query value is redacted
-    assert c.ring_buffer_mib == 64
+    assert c.ring_buffer_mib == 8
     assert (c.stitch.flush_interval_ms, c.stitch.max_connections) == (250, 16384)
     assert c.routes.templates == () and c.routes.collapse_ids is True and c.routes.max_routes == 500
     assert c.traces.file is None and c.traces.otlp_endpoint is None and c.traces.otlp_protocol is None
