@@ -128,8 +128,11 @@ class Agent:
                 f"; {choice.note}" if choice.note else "")
         if note:
             log.info("%s", note)
-        caps = capability.probe_all()
         wanted = self.config.socket_hooks
+        # what the plan needs: tcp_sendmsg's fentry only on the syscall tier
+        caps = capability.probe_all(only=("main",))
+        if wanted == "syscall" or not caps["sock_tracepoint"].ok:
+            caps |= capability.probe_all(only=("fentry",))
         plan = capability.plan(caps, socket_hooks=wanted)["net"]
         for line in capability.fallback_notes({"net": plan}, caps, wanted):
             log.info("%s", line)

@@ -294,9 +294,15 @@ def _probe_usdt(BPF, USDT, binary: str | None, probe: str | None) -> Capability:
             _close(b)
 
 
+GROUPS = ("main", "fentry", "usdt", "ringbuf", "map_batch")  # each its own compile
+
+
 def probe_all(*, root: str = "/", usdt_binary: str | None = None,
-              usdt_probe: str | None = None) -> dict[str, Capability]:
-    """Every hook kind: does it load, attach and fire on this kernel?"""
+              usdt_probe: str | None = None, only: tuple[str, ...] = GROUPS) -> dict[str, Capability]:
+    """Every hook kind: does it load, attach and fire on this kernel? With
+    ``only``, just those groups (the agent asks for what its plan needs:
+    each group costs a compile); "main" is the tracepoint, raw tracepoint,
+    kprobe and uprobe kinds."""
     btf = os.path.join(root, "sys/kernel/btf/vmlinux")
     caps = {"btf": Capability("btf", True, f"{btf} present") if os.path.exists(btf) else
             Capability("btf", False, f"btf: {btf} missing (CONFIG_DEBUG_INFO_BTF unset)", "no BTF")}
@@ -306,11 +312,16 @@ def probe_all(*, root: str = "/", usdt_binary: str | None = None,
         why = f"bcc not importable ({e}); install python3-bpfcc"
         return caps | {k: Capability(k, False, why, "no bcc")
                        for k in (*_MAIN, "fentry", "usdt", "ringbuf", "map_batch")}
-    caps |= _probe_main(BPF, root)
-    caps["fentry"] = _probe_fentry(BPF)
-    caps["usdt"] = _probe_usdt(BPF, USDT, usdt_binary, usdt_probe)
-    caps["ringbuf"] = _probe_ringbuf(BPF)
-    caps["map_batch"] = _probe_map_batch(BPF)
+    if "main" in only:
+        caps |= _probe_main(BPF, root)
+    if "fentry" in only:
+        caps["fentry"] = _probe_fentry(BPF)
+    if "usdt" in only:
+        caps["usdt"] = _probe_usdt(BPF, USDT, usdt_binary, usdt_probe)
+    if "ringbuf" in only:
+        caps["ringbuf"] = _probe_ringbuf(BPF)
+    if "map_batch" in only:
+        caps["map_batch"] = _probe_map_batch(BPF)
     return caps
 
 
