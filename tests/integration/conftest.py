@@ -120,14 +120,29 @@ class AgentHandle:
         return self.proc.poll() is None
 
 
+def pytest_generate_tests(metafunc):
+    """A module that sets TIERS = ("socket", "syscall") runs its tests once
+    per socket tier (the setting socket_hooks), each under an id naming it."""
+    tiers = getattr(metafunc.module, "TIERS", None)
+    if tiers and "tier" in metafunc.fixturenames:
+        metafunc.parametrize("tier", tiers, ids=[f"{t}-tier" for t in tiers], indirect=True, scope="module")
+
+
 @pytest.fixture(scope="module")
-def agent(request, tmp_path_factory):
+def tier(request) -> str:
+    """The socket tier the module's agent uses: "auto" unless TIERS says."""
+    return getattr(request, "param", "auto")
+
+
+@pytest.fixture(scope="module")
+def agent(request, tmp_path_factory, tier):
     """The agent, configured for the module; a module may set AGENT_TRACES or
-    AGENT_SELECT to override those sections (a sampling budget, a selector)."""
+    AGENT_SELECT to override those sections (a sampling budget, a selector),
+    and TIERS to run on each socket tier."""
     require_root()
+    extra = {**getattr(request.module, "AGENT_EXTRA", {}), **({"socket_hooks": tier} if tier != "auto" else {})}
     with running_agent(tmp_path_factory.mktemp("agent"), getattr(request.module, "AGENT_SELECT", {}),
-                       getattr(request.module, "AGENT_TRACES", {}),
-                       getattr(request.module, "AGENT_EXTRA", {})) as handle:
+                       getattr(request.module, "AGENT_TRACES", {}), extra) as handle:
         yield handle
 
 

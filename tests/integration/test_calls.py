@@ -21,6 +21,7 @@ import pytest
 from .conftest import HERE, TAG, Engine, Nginx, Owned, RedisServer, free_port, wait_until
 
 REDIS_PORT = free_port()
+TIERS = ("socket", "syscall")  # the exactness of each socket tier that loads (socket_hooks)
 AGENT_SELECT = {"ports": [REDIS_PORT], "cmdline": [TAG, r"engine/serve\.py .*--model-seed 11\b"]}
 N = 12
 CLIENT, SERVER = 3, 2

@@ -12,6 +12,8 @@ import pytest
 
 from .conftest import Server, wait_until
 
+TIERS = ("socket", "syscall")  # the exactness of each socket tier that loads (socket_hooks)
+
 
 class Client:
     """A raw HTTP/1.1 client that knows exactly what it sent and received."""

@@ -20,6 +20,7 @@ import pytest
 
 from .conftest import HERE, TAG, Nginx, Owned, wait_until
 
+TIERS = ("socket", "syscall")  # the exactness of each socket tier that loads (socket_hooks)
 PATHS = ("/json/a", "/status/404", "/json/b", "/status/503")
 
 

@@ -32,6 +32,7 @@ from .peers import sse_schedule, status_locations
 # machine run servers tagged TAG and nginx too, and their load is not ours to count.
 RUN_TAG = f"{TAG}-wire-truth-{os.getpid()}"
 NGINX_PORT = free_port()
+TIERS = ("socket", "syscall")  # the exactness of each socket tier that loads (socket_hooks)
 AGENT_SELECT = {"cmdline": [re.escape(RUN_TAG)], "comms": [], "ports": [NGINX_PORT]}
 
 MIX_SECONDS = 15  # per server: the mixed client's run
