@@ -1446,14 +1446,15 @@ int ssl_write_ex_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_WRITE | 
 BPF_TABLE("lru_hash", __u32, __u32, threads, 16384); /* tid -> tgid: tracked threads seen running */
 BPF_HASH(runnable, __u32, __u64, 16384);              /* tid -> since when it waits to run */
 
-TRACEPOINT_PROBE(sched, sched_switch)
+/* The current thread leaves the CPU (still runnable, or not) and `next` takes it. */
+static __always_inline int on_switch(__u32 next, int runnable_still)
 {
     __u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns();
-    __u32 tgid = id >> 32, tid = id, next = args->next_pid;
+    __u32 tgid = id >> 32, tid = id;
     if (tid && is_tracked(tgid)) {
         if (!threads.lookup(&tid))
             threads.update(&tid, &tgid);
-        if ((args->prev_state & 0xff) == 0) /* TASK_RUNNING: preempted, still runnable */
+        if (runnable_still)
             runnable.update(&tid, &now);
     }
     __u64 *since = runnable.lookup(&next);
@@ -1469,13 +1470,36 @@ TRACEPOINT_PROBE(sched, sched_switch)
     return 0;
 }
 
-TRACEPOINT_PROBE(sched, sched_wakeup)
+static __always_inline int on_wakeup(__u32 tid)
 {
-    __u32 tid = args->pid;
     if (!threads.lookup(&tid))
         return 0;
     __u64 now = bpf_ktime_get_ns();
     runnable.update(&tid, &now);
     return 0;
 }
+
+#ifdef TASK_PID_OFF
+/* Raw tracepoints (a fraction of a perf-event tracepoint's cost on every
+ * context switch of the node): their arguments are task pointers, and a
+ * task's pid sits at TASK_PID_OFF, read from the running kernel's BTF
+ * (probes/btf.py), not from headers that may be another kernel's. */
+static __always_inline __u32 pid_of(__u64 task)
+{
+    __u32 pid = 0;
+    bpf_probe_read_kernel(&pid, sizeof(pid), (void *)(task + TASK_PID_OFF));
+    return pid;
+}
+
+/* (bool preempt, struct task_struct *prev, *next, unsigned int prev_state): 5.18+ */
+RAW_TRACEPOINT_PROBE(sched_switch)
+{
+    return on_switch(pid_of(ctx->args[2]), (ctx->args[0] & 1) || (__u32)ctx->args[3] == 0);
+}
+RAW_TRACEPOINT_PROBE(sched_wakeup) { return on_wakeup(pid_of(ctx->args[0])); }
+#else
+/* TASK_RUNNING, or preempted (reported as TASK_REPORT_MAX): still runnable */
+TRACEPOINT_PROBE(sched, sched_switch) { return on_switch(args->next_pid, (args->prev_state & 0xff) == 0); }
+TRACEPOINT_PROBE(sched, sched_wakeup) { return on_wakeup(args->pid); }
+#endif
 #endif

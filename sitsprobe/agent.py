@@ -144,17 +144,14 @@ class Agent:
             raise SitsprobeError("no hook for tcp_sendmsg on this kernel (see `sitsprobe doctor`)")
         log.info("socket calls read through %s%s", io_hook,
                  "" if wanted == "auto" else f" (socket_hooks: {wanted})")
-        run_queue = self.config.stitch.run_queue and bool(plan["run_queue"] and plan["run_queue_wakeup"])
-        if self.config.stitch.run_queue and not run_queue:
-            log.warning("stitch.run_queue: sched:sched_switch or sched:sched_wakeup unavailable here; "
-                        "sitsprobe.latency.scheduling_s holds only engine queue stages")
+        run_queue, pid_offset = self._run_queue(plan)
         self.hooks = {point: str(h) for point, h in plan.items() if h}
         cap = self.config.capture
         self.probe = NetProbe(
             cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
                    max_connections=self.config.stitch.max_connections,
                    ring_buffer_mib=self.config.ring_buffer_mib, socket_io=io_hook, tcp_sendmsg=tcp_hook,
-                   run_queue=run_queue, read_waits=self.config.stitch.read_waits,
+                   run_queue=run_queue, task_pid_offset=pid_offset, read_waits=self.config.stitch.read_waits,
                    outgoing=self.config.stitch.outgoing, stream_bytes=cap.stream_bytes,
                    genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,
                    write_peek_bytes=cap.write_peek_bytes, max_writes=cap.max_writes,
@@ -185,6 +182,29 @@ class Agent:
         self.ready = True
         log.info("tracing %d process(es): %s", len(self.tracked),
                  ", ".join(f"{c}[{p}]" for p, c in sorted(self.tracked.items())) or "none yet")
+
+    def _run_queue(self, plan: dict) -> tuple[bool, int | None]:
+        """Whether the run-queue hooks go on (stitch.run_queue), and the pid
+        offset in struct task_struct that makes them raw tracepoints (from the
+        kernel's BTF); the plan is told what the hooks are."""
+        from .probes import btf, hooks
+
+        if not self.config.stitch.run_queue:
+            return False, None
+        if plan["run_queue"] is not None and plan["run_queue"].kind == hooks.RAW_TRACEPOINT:
+            offset = btf.member_offset("task_struct", "pid")
+            if offset is not None:
+                plan.pop("run_queue_wakeup", None)  # the raw pair is one point
+                log.info("run queue timed through %s", plan["run_queue"])
+                return True, offset
+            log.info("run_queue: no task_struct.pid in the kernel's BTF; using tracepoint sched:sched_switch")
+            plan["run_queue"] = hooks.Hook(hooks.TRACEPOINT, "sched:sched_switch")
+        if plan["run_queue"] and plan["run_queue_wakeup"]:
+            log.info("run queue timed through %s", plan["run_queue"])
+            return True, None
+        log.warning("stitch.run_queue: sched:sched_switch or sched:sched_wakeup unavailable here; "
+                    "sitsprobe.latency.scheduling_s holds only engine queue stages")
+        return False, None
 
     def _start_cache(self, registry: CollectorRegistry) -> None:
         """Cache look-ups from every source (probes, RESP bytes, engine markers) in one table."""

@@ -63,7 +63,8 @@ NET_POINTS: dict[str, list[Hook]] = {
     "process_lifecycle": [Hook(TRACEPOINT, "sched:sched_process_exec")],
     # the run-queue wait of traced threads (stitch.run_queue): optional, the
     # agent runs without them and says so
-    "run_queue": [Hook(TRACEPOINT, "sched:sched_switch")],
+    "run_queue": [Hook(RAW_TRACEPOINT, "sched:{sched_switch,sched_wakeup}"),  # with a task's pid from BTF
+                  Hook(TRACEPOINT, "sched:sched_switch")],
     "run_queue_wakeup": [Hook(TRACEPOINT, "sched:sched_wakeup")],
     # connections traced processes open (stitch.outgoing) and TLS plaintext (capture.tls): optional
     "connect": _syscall("connect"),
@@ -81,8 +82,12 @@ _TIERS = {"auto": [SOCKET_TIER, SYSCALL_TIER], "socket": [SOCKET_TIER], "syscall
 
 
 def candidates(socket_hooks: str = "auto") -> dict[str, dict[str, list[Hook]]]:
-    """PROBES, with the socket tiers the ``socket_hooks`` setting allows."""
-    return {"net": {**NET_POINTS, "socket_io": _TIERS[socket_hooks]}}
+    """PROBES, with the socket tiers the ``socket_hooks`` setting allows; the
+    syscall tier is the one for kernels before raw tracepoints: none at all."""
+    points = {**NET_POINTS, "socket_io": _TIERS[socket_hooks]}
+    if socket_hooks == "syscall":
+        points = {p: [h for h in hs if h.kind != RAW_TRACEPOINT] for p, hs in points.items()}
+    return {"net": points}
 
 
 def choose(candidates: list[Hook], available: dict[str, bool],

@@ -38,7 +38,7 @@ def bpf_dir() -> Path:
 
 def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
            ring_buffer_mib: int, socket_io: Hook, tcp_sendmsg: Hook | None = None,
-           run_queue: bool = True, read_waits: bool = True,
+           run_queue: bool = True, task_pid_offset: int | None = None, read_waits: bool = True,
            outgoing: bool = True, stream_bytes: int = 4096,
            genai: bool = True, body_bytes: int = 512,
            tail_bytes: int = 512, write_peek_bytes: int = 384, max_writes: int = 4096,
@@ -46,7 +46,8 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
     """Load-time settings as -D constants (never string templating).
     ``socket_io`` is the tier chosen for the bytes of socket calls
     (hooks.SOCKET_TIER or SYSCALL_TIER); ``tcp_sendmsg`` matters on the
-    syscall tier only."""
+    syscall tier only. With ``task_pid_offset`` (struct task_struct's pid,
+    from the kernel's BTF), the run-queue hooks are raw tracepoints."""
     tier = _TIER_CODE[socket_io.kind]
     if tier == NET_TIER_SYSCALL and tcp_sendmsg is None:
         raise ValueError("the syscall tier needs a tcp_sendmsg hook")
@@ -60,6 +61,7 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
         f"-DNET_TIER={tier}",
         *([f"-DTCP_SENDMSG_HOOK={_HOOK_CODE[tcp_sendmsg.kind]}"] if tier == NET_TIER_SYSCALL else []),
         f"-DRUNQ={int(run_queue)}",
+        *([f"-DTASK_PID_OFF={task_pid_offset}"] if run_queue and task_pid_offset is not None else []),
         f"-DREAD_WAITS={int(read_waits)}",
         f"-DOUTGOING={int(outgoing)}",
         f"-DCHUNK_CAP={stream_bytes}",

@@ -11,6 +11,7 @@ there a pipe wait is compute, as documented, and the Redis one still cache.
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 import urllib.request
@@ -31,6 +32,10 @@ class Handler(BaseHTTPRequestHandler):
             with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as redis:
                 redis.sendall(b"*3\r\n$5\r\nBLPOP\r\n$5\r\nempty\r\n$4\r\n0.03\r\n")
                 assert redis.recv(64).startswith((b"*-1", b"_"))  # nil: nothing came in time
+        elif self.path == "/spin":  # 30 ms of this thread's CPU time, no wait of its own
+            end = time.thread_time() + 0.03
+            while time.thread_time() < end:
+                pass
         else:
             r, w = os.pipe()
             threading.Timer(0.03, os.write, (w, b"x")).start()  # the answer, 30 ms from now
@@ -86,3 +91,38 @@ def test_a_blocking_read_is_io_and_a_redis_reply_is_cache(tmp_path, tier):
             assert parts["io"] == 0 and parts["cache"] == 0 and parts["compute"] >= 0.025, parts
     for parts in by_path["/redis"]:
         assert parts["cache"] >= 0.025 and parts["io"] < 0.005 and parts["compute"] < parts["cache"], parts
+
+
+BUSY = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); print(flush=True)\nwhile True: pass"
+
+
+@pytest.mark.parametrize("tier", ["socket", "syscall"], ids=lambda t: f"{t}-tier")
+def test_waiting_for_a_cpu_is_scheduling(tmp_path, tier):
+    """The server shares one CPU with two busy loops: each request's thread
+    computes for 30 ms of CPU time, preempted by them again and again, and
+    waits its turns to run (raw sched tracepoints on the socket tier,
+    perf-event ones on the syscall tier): those waits are scheduling, not
+    compute."""
+    (tmp_path / "agent").mkdir()
+    cpu = max(os.sched_getaffinity(0))
+    with Waiting() as server, running_agent(tmp_path / "agent", {"pids": [server.proc.pid], "cmdline": []},
+                                            {}, {"socket_hooks": tier}) as agent:
+        wait_until(functools.partial(agent.tracks, server.proc.pid), 15, "the agent to track the server")
+        os.sched_setaffinity(server.proc.pid, {cpu})
+        for task in os.listdir(f"/proc/{server.proc.pid}/task"):
+            os.sched_setaffinity(int(task), {cpu})
+        hogs = [subprocess.Popen([sys.executable, "-c", BUSY, str(cpu)], stdout=subprocess.PIPE) for _ in range(2)]
+        try:
+            for h in hogs:
+                h.stdout.readline()
+            for _ in range(6):
+                assert urllib.request.urlopen(f"http://127.0.0.1:{server.port}/spin", timeout=10).read() == b"done"
+            spans = agent.traces.wait_for_port(server.port, 6)
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
+    for parts in map(segments_of, spans):  # a third of the CPU: about 60 ms waiting, 30 computing
+        assert parts["scheduling"] > 0.015 and parts["compute"] > 0.02, parts
+    hook = "raw_tracepoint sched:{sched_switch,sched_wakeup}" if tier == "socket" else "tracepoint sched:sched_switch"
+    assert f"run queue timed through {hook}" in agent.log.read_text()

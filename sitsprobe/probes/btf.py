@@ -1,0 +1,70 @@
+"""Where a field of a kernel struct sits, from the running kernel's own BTF.
+
+bcc compiles against whatever kernel headers it found, and on a node they may
+be another kernel's (doctor says so): a program that reads a kernel struct
+through them may read the wrong bytes. A raw tracepoint hands its program
+struct pointers, so the one field it needs (a task's pid) is located here, in
+/sys/kernel/btf/vmlinux, which describes the kernel that runs, and passed to
+the program as a -D constant. Only the type section is read: enough to find
+a struct by name and a member's offset.
+"""
+from __future__ import annotations
+
+import struct
+
+BTF_MAGIC = 0xEB9F
+_HEADER = struct.Struct("<HBBIIIII")  # magic, version, flags, hdr_len, type_off, type_len, str_off, str_len
+_TYPE = struct.Struct("<III")  # name_off, info, size_or_type
+_MEMBER = struct.Struct("<III")  # name_off, type, offset
+KIND_STRUCT = 4
+# bytes that follow a type's header, by kind: fixed, and per vlen entry
+_EXTRA = {1: (4, 0), 3: (12, 0), 4: (0, 12), 5: (0, 12), 6: (0, 8), 13: (0, 8), 14: (4, 0),
+          15: (0, 12), 17: (4, 0), 19: (0, 12)}
+
+
+def member_offset(struct_name: str, member: str, path: str = "/sys/kernel/btf/vmlinux") -> int | None:
+    """The byte offset of ``struct_name.member`` in the kernel ``path``
+    describes; None where there is no BTF, no such struct or member, or the
+    member is a bitfield."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return find_member(data, struct_name, member)
+
+
+def find_member(data: bytes, struct_name: str, member: str) -> int | None:
+    """As member_offset, over the bytes of a BTF blob; never raises on bad bytes."""
+    try:
+        magic, _version, _flags, hdr_len, type_off, type_len, str_off, str_len = _HEADER.unpack_from(data)
+    except struct.error:
+        return None
+    if magic != BTF_MAGIC:
+        return None
+    types = data[hdr_len + type_off:hdr_len + type_off + type_len]
+    strings = data[hdr_len + str_off:hdr_len + str_off + str_len]
+
+    def name(off: int) -> bytes:
+        end = strings.find(b"\0", off)
+        return strings[off:end] if end >= 0 else b""
+
+    want_struct, want_member = struct_name.encode(), member.encode()
+    pos = 0
+    try:
+        while pos + _TYPE.size <= len(types):
+            name_off, info, _ = _TYPE.unpack_from(types, pos)
+            kind, vlen, kind_flag = (info >> 24) & 0x1F, info & 0xFFFF, info >> 31
+            pos += _TYPE.size
+            fixed, each = _EXTRA.get(kind, (0, 0))
+            if kind == KIND_STRUCT and name(name_off) == want_struct:
+                for i in range(vlen):
+                    m_name, _, offset = _MEMBER.unpack_from(types, pos + i * _MEMBER.size)
+                    if name(m_name) == want_member:
+                        bits = offset & 0xFFFFFF if kind_flag else offset
+                        return None if bits % 8 or (kind_flag and offset >> 24) else bits // 8
+                return None
+            pos += fixed + each * vlen
+    except struct.error:
+        return None
+    return None
