@@ -164,7 +164,8 @@ class Agent:
             self.hooks["engine_markers"] = f"{MarkerProbe.hook} libsitsprobe_markers"
         t = self.config.traces
         self.exporter = TraceExporter(clock=self.clock, endpoint=t.otlp_endpoint,
-                                      protocol=t.otlp_protocol, traces_file=t.file)
+                                      protocol=t.otlp_protocol, traces_file=t.file,
+                                      on_cost=self.sampler.charge)
         registry = CollectorRegistry()
         self._start_cache(registry)
         if self.config.gpu.enabled:

@@ -1,42 +1,44 @@
-"""Requests as OTLP server spans, through the OpenTelemetry SDK.
+"""Requests as OTLP spans: server and client spans, with the engine's stages and
+cache look-ups as their children.
 
-Each traced process gets its own ``TracerProvider`` (so its spans carry its
-own Resource: service name, pid, host) and, per sink, its own bounded batch
-queue. The sinks themselves -- one OTLP network exporter, one OTLP/JSON file --
-are shared by every process.
+The spans are built here, from what :mod:`.semconv` decides, as small
+:class:`~.otlp_spans.SpanData` records, and each sink -- one OTLP network
+exporter, one OTLP/JSON file -- has one bounded queue and one thread that
+encodes and sends them in batches (:class:`_Lane`), every traced process's
+spans under its own resource. No SDK span objects, no BatchSpanProcessor:
+bench/bench_spans.py has a span of an inference request (35 spans) at 8-12 µs
+of agent CPU, encoded for either sink, and a plain HTTP request's one span (27
+attributes, most of the cost) at 30-45 µs, where the SDK path took 50-85 and
+120-190 µs (2 vCPUs). Sampling is still the SDK's samplers':
+``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG``.
+
+Each engine stage is a span of its own, a decode step too (the reference engine
+marks one per step, some 30 per request). Folding a run of steps into one span
+with an event per step would save a sixth of such a request's protobuf encoding
+and a third of its JSON (bench/bench_spans.py), but take the steps' spans away
+from what reads them: the report's stage times (summed per child span name),
+the GPU attribution per step (tests/integration/test_gpu_agent.py), Grafana's
+links from a decode span to its GPU's alerts (collectors/README.md). So one
+span per stage it stays.
 """
 from __future__ import annotations
 
-import base64
-import json
 import logging
-import math
+import random
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import (
-    Link,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-    TraceState,
-)
+from opentelemetry.sdk.trace import sampling
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState
 
 from sitsprobe import __version__
 from sitsprobe.clock import WallClock
@@ -45,20 +47,41 @@ from sitsprobe.request import Request
 from sitsprobe.stitch.join import Span, Trace
 
 from . import otlp_settings
+from .otlp_spans import (
+    HAS_IS_REMOTE,
+    IS_REMOTE,
+    OtlpJsonFileExporter,
+    SpanData,
+    SpanResource,
+    network_sink,
+    otlp_json,
+)
 from .semconv import span_attributes, span_kind, span_name
+
+__all__ = ["TraceExporter", "Counts", "Tally", "counted", "agent_resource", "sink_name", "within",
+           "OtlpJsonFileExporter", "otlp_json"]
 
 log = logging.getLogger(__name__)
 
+MAX_BATCH = 512  # spans per export at most
+SEND_DELAY_S = 1.0  # a batch goes out when it is full, else within this long
+_KINDS = {kind: kind.value + 1 for kind in SpanKind}  # OTLP's SpanKind numbers (the SDK encoder's rule)
+_INTERNAL = _KINDS[SpanKind.INTERNAL]
+_NO_PARENT = Context()  # the sampler's parent context for a root
+
 
 class TraceExporter:
-    """Exports each :class:`Request` as one SERVER span.
+    """Exports each :class:`Request` as one span (SERVER, or CLIENT for a call
+    the traced process made), with its engine stages and cache look-ups as
+    children.
 
     ``endpoint``/``protocol`` (traces.otlp_endpoint, traces.otlp_protocol) sit
     above the standard ``OTEL_EXPORTER_OTLP_*`` variables, by the rules of
     :mod:`.otlp_settings`; with no endpoint from either, no network exporter is made.
     ``sinks`` lists the exporters in use; with none, :meth:`export` does nothing.
-    Sampling is the SDK's (``OTEL_TRACES_SAMPLER``, by default parent-based:
-    a caller's traceparent that is not sampled means no span).
+    Sampling is the SDK's sampler's (``OTEL_TRACES_SAMPLER``, by default parent-based:
+    a caller's traceparent that is not sampled means no span); a request's
+    children follow its span's decision, as every standard sampler decides them.
     Every span handed to a sink is accounted for (:meth:`accounting`):
     ``offered == delivered + dropped (queue_full, export_failed, export_error,
     shutdown) + pending``, and pending is 0 after a flush or a shutdown.
@@ -74,30 +97,28 @@ class TraceExporter:
         headers: Mapping[str, str] | None = None,
         queue_size: int = 2048,
         proc: str = "/proc",
+        on_cost: Callable[[float], None] = lambda _cpu_s: None,
     ) -> None:
+        """``on_cost(seconds)``: the CPU time each batch took to encode and
+        send, from the sinks' threads (the sampler's budget counts it)."""
         self._clock = clock
+        self._on_cost = on_cost
         self._proc = proc  # where a traced process's cgroup (its container) is read
         self._queue_size = queue_size
         otlp = otlp_settings.settings("traces", endpoint=endpoint, protocol=protocol, headers=headers)
-        network = otlp_settings.span_exporter(otlp) if otlp is not None else None
+        network = network_sink(otlp) if otlp is not None else None
         file = OtlpJsonFileExporter(traces_file) if traces_file else None
         self.sinks: tuple[SpanExporter, ...] = tuple(s for s in (network, file) if s is not None)
+        self._sampler = sampling._get_from_env_or_default()  # the SDK's reading of OTEL_TRACES_SAMPLER(_ARG)
         self._host = socket.gethostname()
-        self._processes: dict[tuple[int, str], _Process] = {}
-        self._closed: dict[str, Counts] = {sink_name(s): Counts() for s in self.sinks}
-        self._closing: list[tuple[threading.Thread, list[_BoundedBatch]]] = []  # exited processes
+        self._resources: dict[tuple[int, str], SpanResource] = {}
+        self._lanes: list[_Lane] | None = None  # one per sink, made when first needed
         self._lock = threading.Lock()
 
     def accounting(self) -> dict[str, Counts]:
-        """Per sink ("otlp", "file"), what became of the spans handed to it,
-        the processes that exited included."""
+        """Per sink ("otlp", "file"), what became of the spans handed to it."""
         with self._lock:
-            out = {sink_name(s): Counts() for s in self.sinks} | {n: c.copy() for n, c in self._closed.items()}
-            batches = [b for p in self._processes.values() for b in p.batches]
-            batches += [b for _, closing in self._closing for b in closing]
-            for b in batches:
-                out.setdefault(b.sink_name, Counts()).add(b.counts())
-        return out
+            return {lane.name: lane.counts() for lane in self._lanes_now()}
 
     def export_trace(self, t: Trace, enrich: Callable[[Request], Request] = lambda r: r) -> None:
         """Every span of a joined trace (stitch.join), with the ids it was given."""
@@ -107,120 +128,109 @@ class TraceExporter:
 
     def export(self, req: Request, place: Span | None = None, flags: int = 1) -> None:
         """One request as a span; with ``place``, under the ids the joiner gave it."""
+        if not self.sinks:
+            return
         if place is not None and place.parent_id is not None:
-            ctx = SpanContext(place.trace_id, place.parent_id, is_remote=place.via == "connection",
-                              trace_flags=TraceFlags(flags))
+            parent = SpanContext(place.trace_id, place.parent_id, is_remote=place.via == "connection",
+                                 trace_flags=TraceFlags(flags))
         else:
-            ctx = _remote_parent(req)
-        parent = trace.set_span_in_context(trace.NonRecordingSpan(ctx))
+            parent = _remote_parent(req)
+        if parent is not None:
+            trace_id = parent.trace_id
+            context = trace.set_span_in_context(trace.NonRecordingSpan(parent), _NO_PARENT)
+        else:
+            trace_id = place.trace_id if place is not None else _random_id(128)
+            context = _NO_PARENT
+        name, kind = span_name(req), span_kind(req)
+        # the standard samplers read no attributes: a span sampled out costs none
+        decision = self._sampler.should_sample(context, trace_id, name, kind)
+        if not decision.decision.is_sampled():
+            return
         attrs = span_attributes(req)
         if place is not None and place.via is not None:
             attrs["sitsprobe.parent.inferred"] = place.via
         with self._lock:
-            if not self.sinks:
+            if not self.sinks:  # shut down meanwhile
                 return
-            p = self._process(req.pid, req.comm)
-            if place is not None:
-                p.ids.preset(place.trace_id, place.span_id)
-            span = p.tracer.start_span(
-                span_name(req),
-                context=parent,
-                kind=span_kind(req),
-                attributes=attrs,
-                start_time=self._clock.to_wall_ns(req.start_ns),
-            )
-            if req.is_error:
-                span.set_status(Status(StatusCode.ERROR))
-            if req.inference is not None:
-                self._engine_spans(req, span)
-            span.end(self._clock.to_wall_ns(req.end_ns))
+            resource = self._resource_of(req.pid, req.comm)
+            lanes = self._lanes_now()
+        wall = self._clock.to_wall_ns
+        state = decision.trace_state.to_header() if decision.trace_state else ""
+        span_id = place.span_id if place is not None else _random_id(64)
+        spans = self._engine_spans(req, resource, trace_id, span_id, state) if req.inference is not None else []
+        flags_out = HAS_IS_REMOTE | IS_REMOTE if parent is not None and parent.is_remote else HAS_IS_REMOTE
+        spans.append(SpanData(resource, trace_id, span_id, parent.span_id if parent is not None else 0,
+                              flags_out, state, name, _KINDS[kind], wall(req.start_ns), wall(req.end_ns),
+                              attrs, req.is_error))
+        for lane in lanes:
+            lane.offer(spans)
 
-    def _engine_spans(self, req: Request, parent) -> None:
-        """The engine's stages and cache look-ups, as children of the server span."""
-        tracer = self._process(req.pid, req.comm).tracer
-        ctx = trace.set_span_in_context(parent)
+    def _engine_spans(self, req: Request, resource: SpanResource, trace_id: int, parent_id: int,
+                      state: str) -> list[SpanData]:
+        """The engine's stages and cache look-ups, as children of the request's span."""
         wall = self._clock.to_wall_ns
         on_gpu = req.gpu.stages if req.gpu is not None else ()
+        out = []
         for i, st in enumerate(req.inference.stages):
             attrs = {"sitsprobe.stage": st.name}
             if st.batch_id:
                 attrs.update({"sitsprobe.batch.id": st.batch_id, "sitsprobe.batch.size": st.batch_size})
             if i < len(on_gpu):
                 attrs.update(on_gpu[i])
-            child = tracer.start_span(st.name, context=ctx, kind=SpanKind.INTERNAL,
-                                      attributes=attrs, start_time=wall(st.start_ns))
-            child.end(wall(st.end_ns))
+            out.append(SpanData(resource, trace_id, _random_id(64), parent_id, HAS_IS_REMOTE, state, st.name,
+                                _INTERNAL, wall(st.start_ns), wall(st.end_ns), attrs, False))
         for c in req.inference.cache:
-            child = tracer.start_span(f"cache_get {c.cache}", context=ctx, kind=SpanKind.INTERNAL,
-                                      attributes={"sitsprobe.cache.name": c.cache,
-                                                  "sitsprobe.cache.key": c.key,
-                                                  "sitsprobe.cache.hit": c.hit},
-                                      start_time=wall(c.ts_ns))
-            child.end(wall(c.ts_ns))
+            attrs = {"sitsprobe.cache.name": c.cache, "sitsprobe.cache.key": c.key, "sitsprobe.cache.hit": c.hit}
+            out.append(SpanData(resource, trace_id, _random_id(64), parent_id, HAS_IS_REMOTE, state,
+                                f"cache_get {c.cache}", _INTERNAL, wall(c.ts_ns), wall(c.ts_ns), attrs, False))
+        return out
 
     def force_flush(self, timeout_ms: int = 30_000) -> bool:
+        """Send everything queued now; whether it all went (delivered or not) in time."""
+        deadline = time.monotonic() + timeout_ms / 1000
         with self._lock:
-            processes = list(self._processes.values())
-        return all([p.provider.force_flush(timeout_ms) for p in processes])
+            lanes = self._lanes_now()
+        return all([lane.flush(deadline) for lane in lanes])
 
     def close_process(self, pid: int) -> None:
-        """Flush and release what a process that exited held (its queues,
-        threads), in the background: a collector that does not answer must
-        not hold up the agent. Its counts stay in :meth:`accounting`."""
+        """Forget a process that exited: its queued spans go out now, under the
+        resource they were made with, and a new process with its pid gets a
+        resource of its own. Never waits: a collector that does not answer
+        must not hold up the agent."""
         with self._lock:
-            gone = [self._processes.pop(k) for k in list(self._processes) if k[0] == pid]
-            if not gone:
-                return
-            batches = [b for p in gone for b in p.batches]
-            t = threading.Thread(target=self._finish, args=(gone, batches), name=f"otlp-close-{pid}",
-                                 daemon=True)
-            self._closing.append((t, batches))
-        t.start()
-
-    def _finish(self, gone: list[_Process], batches: list[_BoundedBatch]) -> None:
-        for p in gone:
-            p.provider.shutdown()
-        with self._lock:
-            self._fold(batches)
-
-    def _fold(self, batches: list[_BoundedBatch]) -> None:
-        """Move closed batches' final counts into the totals (lock held)."""
-        self._closing = [(t, bs) for t, bs in self._closing if bs is not batches]
-        for b in batches:
-            self._closed.setdefault(b.sink_name, Counts()).add(b.close())
+            for key in [k for k in self._resources if k[0] == pid]:
+                del self._resources[key]
+            lanes = self._lanes_now()
+        for lane in lanes:
+            lane.flush(None)
 
     def shutdown(self, deadline: float | None = None) -> None:
         """Flush every queue, then close the sinks, by ``deadline``
         (time.monotonic()) at most, None: however long it takes. Spans not
         delivered by then are counted as dropped at shutdown; a sink still
         busy (a collector that accepts and never answers) is left to its
-        daemon threads. Later exports are ignored."""
+        daemon thread. Later exports are ignored."""
         with self._lock:
+            lanes = self._lanes_now()
             sinks, self.sinks = self.sinks, ()
-            pids = {pid for pid, _ in self._processes}
-        for pid in pids:
-            self.close_process(pid)
-        with self._lock:
-            closing = list(self._closing)
-        for t, _ in closing:
-            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        with self._lock:  # what is still closing past the deadline
-            for _, batches in list(self._closing):
-                self._fold(batches)
+        for lane in lanes:
+            lane.stop()
+        for lane in lanes:
+            lane.join(deadline)
+            lane.close()
         within(deadline, [sink.shutdown for sink in sinks])
 
-    def _process(self, pid: int, comm: str) -> _Process:
+    def _lanes_now(self) -> list[_Lane]:
+        """The sinks' lanes (lock held): made once, from the sinks then in use."""
+        if self._lanes is None:
+            self._lanes = [_Lane(sink, self._queue_size, self._on_cost) for sink in self.sinks]
+        return self._lanes
+
+    def _resource_of(self, pid: int, comm: str) -> SpanResource:
         key = (pid, comm)
-        if key not in self._processes:
-            ids = _PresetIds()
-            provider = TracerProvider(resource=self._resource(pid, comm), shutdown_on_exit=False,
-                                      id_generator=ids)
-            batches = [_BoundedBatch(sink, sink_name(sink), self._queue_size) for sink in self.sinks]
-            for batch in batches:
-                provider.add_span_processor(batch)
-            tracer = provider.get_tracer("sitsprobe", __version__)
-            self._processes[key] = _Process(provider, tracer, batches, ids)
-        return self._processes[key]
+        if key not in self._resources:
+            self._resources[key] = SpanResource(self._resource(pid, comm))
+        return self._resources[key]
 
     def _resource(self, pid: int, comm: str) -> Resource:
         # Resource.create lets these override the environment, so leave out
@@ -257,41 +267,152 @@ def agent_resource() -> Resource:
                             **{k: v for k, v in defaults.items() if k not in from_env}})
 
 
-def _remote_parent(req: Request) -> SpanContext:
-    """The caller's span from its traceparent; an invalid one (a new root) without."""
+def _remote_parent(req: Request) -> SpanContext | None:
+    """The caller's span from its traceparent; None (a new root) without, or with an invalid one."""
     tp = req.traceparent
     if tp is None:
-        return trace.INVALID_SPAN_CONTEXT
+        return None
     state = TraceState.from_header([req.tracestate]) if req.tracestate else None
-    return SpanContext(tp.trace_id, tp.span_id, is_remote=True, trace_flags=TraceFlags(tp.flags),
-                       trace_state=state)
+    ctx = SpanContext(tp.trace_id, tp.span_id, is_remote=True, trace_flags=TraceFlags(tp.flags),
+                      trace_state=state)
+    return ctx if ctx.is_valid else None
 
 
-class _PresetIds(RandomIdGenerator):
-    """Random ids, but the next span's as the joiner chose them (a child
-    may have gone out first, naming this span as its parent)."""
-
-    def __init__(self) -> None:
-        self._trace = self._span = 0
-
-    def preset(self, trace_id: int, span_id: int) -> None:
-        self._trace, self._span = trace_id, span_id
-
-    def generate_span_id(self) -> int:  # asked after the trace id, if that was asked at all
-        span, self._span, self._trace = self._span, 0, 0
-        return span or super().generate_span_id()
-
-    def generate_trace_id(self) -> int:  # asked only for a root
-        tid, self._trace = self._trace, 0
-        return tid or super().generate_trace_id()
+def _random_id(bits: int) -> int:
+    """A random trace or span id, never 0 (the SDK's generator draws the same way)."""
+    return random.getrandbits(bits) or 1
 
 
-@dataclass
-class _Process:
-    provider: TracerProvider
-    tracer: trace.Tracer
-    batches: list[_BoundedBatch]
-    ids: _PresetIds
+class _Lane:
+    """One sink's bounded queue of spans and the daemon thread (started with
+    the first span) that sends them: up to MAX_BATCH spans per export, as soon
+    as that many wait, else within SEND_DELAY_S, or at once when flushed. It counts
+    every span it is offered: turned away by the full queue (``queue_size``
+    spans queued or in flight), or what the sink did with it. Once closed
+    (the agent stopped), whatever was pending is dropped at shutdown and
+    later results are not counted."""
+
+    def __init__(self, sink: SpanExporter, queue_size: int,
+                 on_cost: Callable[[float], None] = lambda _cpu_s: None) -> None:
+        self.sink = sink
+        self._on_cost = on_cost
+        self.name = sink_name(sink)
+        self._size = queue_size
+        self._queue: deque[list[SpanData]] = deque()  # a request's spans per entry
+        self._counts = Counts()
+        self._waiting = 0  # spans queued or in flight
+        self._queued = 0  # of those, queued
+        self._taken = 0  # spans ever taken off the queue; and all of them whose export returned:
+        self._done = 0
+        self._flush_to = 0  # send without waiting until this many have been taken
+        self._stopping = self._closed = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def offer(self, spans: list[SpanData]) -> None:
+        n = len(spans)
+        with self._cond:
+            if self._stopping:
+                return
+            self._counts.offered += n
+            room = self._size - self._waiting
+            if n > room:
+                self._counts.queue_full += n - room
+                spans = spans[:room]
+            if spans:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name=f"otlp-{self.name}", daemon=True)
+                    self._thread.start()
+                self._queue.append(spans)
+                self._queued += len(spans)
+                self._waiting += len(spans)
+                if self._queued >= MAX_BATCH:
+                    self._cond.notify_all()
+
+    def counts(self) -> Counts:
+        with self._cond:
+            return self._counts.copy()
+
+    def flush(self, deadline: float | None) -> bool:
+        """Send what is queued now, and wait until its export returns or
+        ``deadline`` (time.monotonic()) passes; None: do not wait."""
+        with self._cond:
+            target = self._taken + self._queued
+            self._flush_to = max(self._flush_to, target)
+            self._cond.notify_all()
+            if deadline is None:
+                return False
+            return self._cond.wait_for(lambda: self._done >= target or self._closed,
+                                       max(0.0, deadline - time.monotonic()))
+
+    def stop(self) -> None:
+        """Take no more spans; send what is queued, then let the thread end."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def join(self, deadline: float | None) -> None:
+        if self._thread is not None:
+            self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        """The final counts: whatever is still pending was dropped at shutdown."""
+        with self._cond:
+            if not self._closed:
+                self._closed = True
+                self._counts.shutdown += self._waiting
+                self._waiting = self._queued = 0
+                self._queue.clear()
+                self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(self._due, SEND_DELAY_S)
+                batch = self._take()
+                if not batch and (self._stopping or self._closed):
+                    return
+            if batch:
+                self._send(batch)
+
+    def _due(self) -> bool:
+        return self._queued >= MAX_BATCH or self._flush_to > self._taken or self._stopping
+
+    def _take(self) -> list[SpanData]:
+        """Up to MAX_BATCH spans off the queue (lock held)."""
+        batch: list[SpanData] = []
+        while self._queue and len(batch) < MAX_BATCH:
+            spans = self._queue.popleft()
+            room = MAX_BATCH - len(batch)
+            if len(spans) > room:  # a long request: the rest goes in the next batch
+                self._queue.appendleft(spans[room:])
+                spans = spans[:room]
+            batch += spans
+        self._queued -= len(batch)
+        self._taken += len(batch)
+        return batch
+
+    def _send(self, batch: list[SpanData]) -> None:
+        began = time.thread_time()
+        try:
+            result = self.sink.export(batch)
+        except Exception as e:  # an exporter's bug must not kill the thread
+            log.warning("span export raised %s: %s", type(e).__name__, e)
+            result = None
+        self._on_cost(time.thread_time() - began)
+        n = len(batch)
+        with self._cond:
+            self._done += n
+            if not self._closed:
+                self._waiting -= n
+                c = self._counts
+                if result == SpanExportResult.SUCCESS:
+                    c.delivered += n
+                elif result is None:
+                    c.export_error += n
+                else:
+                    c.export_failed += n
+            self._cond.notify_all()
 
 
 @dataclass
@@ -300,7 +421,7 @@ class Counts:
 
     offered: int = 0
     delivered: int = 0
-    queue_full: int = 0  # the process's queue held queue_size spans already
+    queue_full: int = 0  # the sink's queue held queue_size spans already
     export_failed: int = 0  # the sink answered failure (after the exporter's own retries)
     export_error: int = 0  # the sink raised
     shutdown: int = 0  # still queued or in flight when the agent stopped
@@ -310,10 +431,6 @@ class Counts:
     @property
     def pending(self) -> int:
         return self.offered - self.delivered - sum(getattr(self, r) for r in self.REASONS)
-
-    def add(self, other: Counts) -> None:
-        for f in ("offered", "delivered", *self.REASONS):
-            setattr(self, f, getattr(self, f) + getattr(other, f))
 
     def copy(self) -> Counts:
         return replace(self)
@@ -373,77 +490,6 @@ def counted(exporter, tally: Tally, size, offer: bool = True):
     return exporter
 
 
-class _Lane(SpanExporter):
-    """One batch queue's way into a shared sink: counts what the sink did
-    with each batch. Once closed (the agent stopped), later results are not
-    counted: those spans were counted as dropped at shutdown."""
-
-    def __init__(self, sink: SpanExporter) -> None:
-        self.sink = sink
-        self.delivered = self.failed = self.errors = 0
-        self.closed = False
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self.sink.export(spans)
-        except Exception as e:  # an exporter's bug must not kill the batch thread
-            log.warning("span export raised %s: %s", type(e).__name__, e)
-            result = None
-        if not self.closed:
-            if result == SpanExportResult.SUCCESS:
-                self.delivered += len(spans)
-            elif result is None:
-                self.errors += len(spans)
-            else:
-                self.failed += len(spans)
-        return result or SpanExportResult.FAILURE
-
-    def shutdown(self) -> None:
-        """The sink is shared: TraceExporter.shutdown closes it, once."""
-
-
-class _BoundedBatch(BatchSpanProcessor):
-    """A BatchSpanProcessor that counts every span it is given: turned away
-    by its full queue, or passed to its sink and what the sink did with it.
-
-    It admits a span only while fewer than ``queue_size`` wait, so the SDK's
-    own queue never overflows (the SDK would drop silently, logging each one).
-    """
-
-    def __init__(self, sink: SpanExporter, sink_name: str, queue_size: int) -> None:
-        self._lane = _Lane(sink)
-        super().__init__(self._lane, max_queue_size=queue_size, max_export_batch_size=min(512, queue_size))
-        self.sink_name = sink_name
-        self._queue_size = queue_size
-        self.queued = 0
-        self.dropped = 0
-
-    def on_end(self, span: ReadableSpan) -> None:
-        if not span.context.trace_flags.sampled:
-            return
-        lane = self._lane
-        if self.queued - lane.delivered - lane.failed - lane.errors >= self._queue_size:
-            self.dropped += 1
-            return
-        self.queued += 1
-        super().on_end(span)
-
-    def counts(self) -> Counts:
-        lane = self._lane
-        return Counts(offered=self.queued + self.dropped, delivered=lane.delivered,
-                      queue_full=self.dropped, export_failed=lane.failed, export_error=lane.errors)
-
-    def close(self) -> Counts:
-        """The final counts, once (then none): whatever is still pending was
-        dropped at shutdown."""
-        if self._lane.closed:
-            return Counts()
-        self._lane.closed = True
-        c = self.counts()
-        c.shutdown = c.pending
-        return c
-
-
 def sink_name(sink: SpanExporter) -> str:
     """The name a trace sink's counts go by: "file" or "otlp"."""
     return "file" if isinstance(sink, OtlpJsonFileExporter) else "otlp"
@@ -457,190 +503,3 @@ def within(deadline: float | None, calls: list) -> None:
     t = threading.Thread(target=lambda: [c() for c in calls], name="otlp-shutdown", daemon=True)
     t.start()
     t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-
-
-class OtlpJsonFileExporter(SpanExporter):
-    """Appends one OTLP/JSON ``ExportTraceServiceRequest`` per line per export.
-
-    The format of the OpenTelemetry Collector's ``file`` exporter: camelCase
-    fields, enums as numbers, trace and span ids as lowercase hex.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._file = open(path, "a", encoding="utf-8")
-        self._lock = threading.Lock()
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        line = json.dumps(otlp_json(spans), separators=(",", ":")) + "\n"
-        with self._lock:
-            if self._file.closed:
-                return SpanExportResult.FAILURE
-            try:
-                self._file.write(line)
-                self._file.flush()
-            except OSError as e:
-                log.warning("cannot write traces to %s: %s", self.path, e)
-                return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        with self._lock:
-            self._file.close()
-
-
-def otlp_json(spans: Sequence[ReadableSpan]) -> dict:
-    """``spans`` as one OTLP/JSON ExportTraceServiceRequest.
-
-    What protobuf's JSON mapping of the SDK's own encoding (``encode_spans``)
-    gives, ids aside, built straight from the spans: int64 and fixed64 values
-    as decimal strings, enums as numbers, bytes as base64, fields at their
-    default left out. Trace and span ids are lowercase hex, as OTLP/JSON wants.
-    Spans are grouped by resource, then by scope, in order of first appearance.
-    """
-    by_resource: dict[Resource, dict[InstrumentationScope | None, list[dict]]] = {}
-    # A Resource hashes by serialising its attributes: look each object up once.
-    by_id: dict[int, dict[InstrumentationScope | None, list[dict]]] = {}
-    for span in spans:
-        resource = span.resource
-        scopes = by_id.get(id(resource))
-        if scopes is None:
-            scopes = by_id[id(resource)] = by_resource.setdefault(resource, {})
-        scopes.setdefault(span.instrumentation_scope, []).append(_span(span))
-    if not by_resource:
-        return {}
-    return {"resourceSpans": [_resource_spans(r, scopes) for r, scopes in by_resource.items()]}
-
-
-# SpanFlags: whether the parent (or linked) context's remoteness is known, and is remote.
-_FLAG_HAS_IS_REMOTE = 0x100
-_FLAG_IS_REMOTE = 0x200
-_KINDS = {
-    SpanKind.INTERNAL: 1,
-    SpanKind.SERVER: 2,
-    SpanKind.CLIENT: 3,
-    SpanKind.PRODUCER: 4,
-    SpanKind.CONSUMER: 5,
-}
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _resource_spans(resource: Resource, scopes: Mapping[InstrumentationScope | None, list[dict]]) -> dict:
-    out = {
-        "resource": _with_attributes({}, resource.attributes),
-        "scopeSpans": [_scope_spans(scope, spans) for scope, spans in scopes.items()],
-    }
-    if resource.schema_url:
-        out["schemaUrl"] = resource.schema_url
-    return out
-
-
-def _scope_spans(scope: InstrumentationScope | None, spans: list[dict]) -> dict:
-    if scope is None:
-        return {"scope": {}, "spans": spans}
-    encoded: dict = {}
-    if scope.name:
-        encoded["name"] = scope.name
-    if scope.version:
-        encoded["version"] = scope.version
-    out = {"scope": _with_attributes(encoded, scope.attributes), "spans": spans}
-    if scope.schema_url:
-        out["schemaUrl"] = scope.schema_url
-    return out
-
-
-def _span(span: ReadableSpan) -> dict:
-    ctx = span.context
-    parent = span.parent
-    out = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
-    if ctx.trace_state:
-        out["traceState"] = ctx.trace_state.to_header()
-    if parent is not None:
-        out["parentSpanId"] = f"{parent.span_id:016x}"
-    out["flags"] = _flags(parent)
-    if span.name:
-        out["name"] = span.name
-    out["kind"] = _KINDS[span.kind]
-    if span.start_time:
-        out["startTimeUnixNano"] = str(span.start_time)
-    if span.end_time:
-        out["endTimeUnixNano"] = str(span.end_time)
-    _with_attributes(out, span.attributes, span.dropped_attributes)
-    if events := span.events:
-        out["events"] = [_event(e) for e in events]
-    if span.dropped_events:
-        out["droppedEventsCount"] = span.dropped_events
-    if links := span.links:
-        out["links"] = [_link(link) for link in links]
-    if span.dropped_links:
-        out["droppedLinksCount"] = span.dropped_links
-    status: dict = {}
-    if code := span.status.status_code.value:
-        status["code"] = code
-    if span.status.description:
-        status["message"] = span.status.description
-    out["status"] = status
-    return out
-
-
-def _flags(ctx: SpanContext | None) -> int:
-    return _FLAG_HAS_IS_REMOTE | _FLAG_IS_REMOTE if ctx is not None and ctx.is_remote else _FLAG_HAS_IS_REMOTE
-
-
-def _event(event: Event) -> dict:
-    out: dict = {}
-    if event.timestamp:
-        out["timeUnixNano"] = str(event.timestamp)
-    if event.name:
-        out["name"] = event.name
-    return _with_attributes(out, event.attributes, event.dropped_attributes)
-
-
-def _link(link: Link) -> dict:
-    ctx = link.context
-    out = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
-    _with_attributes(out, link.attributes, link.dropped_attributes)
-    out["flags"] = _flags(ctx)
-    return out
-
-
-def _with_attributes(out: dict, attributes: Mapping[str, object] | None, dropped: int = 0) -> dict:
-    """``out`` given ``attributes`` and ``droppedAttributesCount``, each only if there are any."""
-    if attributes:
-        encoded = []
-        for key, value in attributes.items():
-            try:
-                encoded.append({"key": key, "value": _value(value)})
-            except (TypeError, ValueError) as e:  # as the SDK's encoder: lose the one attribute
-                log.warning("cannot encode attribute %s: %s", key, e)
-        if encoded:
-            out["attributes"] = encoded
-    if dropped:
-        out["droppedAttributesCount"] = dropped
-    return out
-
-
-def _value(value: object) -> dict:
-    """An attribute value as an OTLP/JSON AnyValue."""
-    if isinstance(value, str):
-        return {"stringValue": value}
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        if not _INT64_MIN <= value <= _INT64_MAX:
-            raise ValueError(f"int64 out of range: {value}")
-        return {"intValue": str(int(value))}
-    if isinstance(value, float):
-        if not math.isfinite(value):  # JSON has no NaN or infinities: protobuf's names for them
-            return {"doubleValue": "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"}
-        return {"doubleValue": value}
-    if value is None:
-        return {}
-    if isinstance(value, bytes):
-        return {"bytesValue": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, Sequence):
-        return {"arrayValue": {"values": [_value(v) for v in value]} if value else {}}
-    if isinstance(value, Mapping):
-        kvs = [{"key": str(k), "value": _value(v)} for k, v in value.items()]
-        return {"kvlistValue": {"values": kvs} if kvs else {}}
-    raise TypeError(f"invalid attribute value type {type(value).__name__}: {value!r}")

@@ -1,7 +1,6 @@
 """sitsprobe.export.otlp: requests as OTLP server spans, through real receivers and a file."""
 from __future__ import annotations
 
-import base64
 import json
 import math
 import os
@@ -12,7 +11,6 @@ import time
 from http import HTTPStatus
 
 import pytest
-from google.protobuf.json_format import MessageToDict
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
@@ -24,6 +22,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode, TraceFl
 from sitsprobe.clock import WallClock
 from sitsprobe.errors import ConfigError
 from sitsprobe.export.otlp import OtlpJsonFileExporter, TraceExporter, otlp_json
+from sitsprobe.export.otlp_spans import encode, protobuf_json
 from sitsprobe.request import Endpoint, Request, TraceParent
 from tests.otlp_receiver import GrpcOtlpReceiver, HttpOtlpReceiver, attributes
 
@@ -316,40 +315,32 @@ def test_a_blackhole_collector_cannot_hold_up_the_stop(clock):
     assert exporter.accounting()["otlp"].shutdown == 3 and exporter.accounting()["otlp"].delivered == 0
 
 
-def test_close_process_flushes_it_and_export_after_shutdown_is_ignored(clock, tmp_path):
+def test_close_process_sends_its_spans_and_export_after_shutdown_is_ignored(clock, tmp_path):
     path = tmp_path / "t.jsonl"
     exporter = TraceExporter(clock=clock, traces_file=str(path))
     exporter.export(request(pid=1))
     exporter.export(request(pid=2))
-    exporter.close_process(1)  # in the background: the agent's loop never waits for a collector
+    exporter.close_process(1)  # never waits: the agent's loop never waits for a collector
     deadline = time.monotonic() + 5
     while not file_spans(path) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert [s["attributes"][0]["value"] for _, s in file_spans(path)] == [{"intValue": "1"}]
+    # one queue per sink: the exited process's span goes now, with whatever else was queued
+    assert sorted(res["process.pid"]["intValue"] for res, _ in file_spans(path)) == ["1", "2"]
+    exporter.export(request(pid=1))  # a new process with the exited one's pid: a resource of its own
     exporter.shutdown()
+    first, _, again = (res for res, _ in file_spans(path))
+    assert first["process.pid"] == again["process.pid"]
+    assert first["service.instance.id"] != again["service.instance.id"]
     exporter.export(request(pid=3))
-    assert len(file_spans(path)) == 2
+    assert len(file_spans(path)) == 3
 
 
-# --- otlp_json against the SDK's protobuf encoding, the reference ---------------------------
-
-
-def reference_otlp_json(spans) -> dict:
-    """The SDK's protobuf encoding through protobuf's JSON mapping, ids made hex."""
-    doc = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
-    for resource_spans in doc.get("resourceSpans", ()):
-        for scope_spans in resource_spans.get("scopeSpans", ()):
-            for span in scope_spans.get("spans", ()):
-                for obj in (span, *span.get("links", ())):
-                    for key in ("traceId", "spanId", "parentSpanId"):
-                        if key in obj:
-                            obj[key] = base64.b64decode(obj[key]).hex()
-    return doc
+# --- otlp_json of SDK spans (as tests and tools make them): what it always was ---------------
 
 
 class Collect(SpanExporter):
     def __init__(self) -> None:
-        self.spans: list[ReadableSpan] = []
+        self.spans: list = []
 
     def export(self, spans) -> SpanExportResult:
         self.spans += spans
@@ -469,10 +460,8 @@ def varied_spans() -> list[ReadableSpan]:
     return spans
 
 
-def test_otlp_json_equals_the_sdk_encoding_for_every_shape():
-    spans = varied_spans()
-    doc = otlp_json(spans)
-    assert doc == reference_otlp_json(spans)
+def test_otlp_json_of_sdk_spans_for_every_shape():
+    doc = otlp_json(varied_spans())  # the SDK's own encoding, through protobuf's JSON mapping
     # The shapes are all there: the twin resource joins the first, "unscoped" has a scope of its own.
     groups = [[[s.get("name", "") for s in ss["spans"]] for ss in rs["scopeSpans"]] for rs in doc["resourceSpans"]]
     assert groups == [
@@ -516,10 +505,11 @@ def test_otlp_json_is_strict_json_and_one_line():
     spans = varied_spans()
     text = json.dumps(otlp_json(spans), separators=(",", ":"), allow_nan=False)
     assert "\n" not in text
-    assert json.loads(text) == reference_otlp_json(spans)
+    assert json.loads(text) == protobuf_json(encode_spans(spans))
 
 
-def test_otlp_json_equals_the_sdk_encoding_for_exported_requests(clock):
+def test_otlp_json_equals_the_protobuf_encoding_for_exported_requests(clock):
+    """The file sink's JSON and the network's protobuf, built apart, say the same."""
     sink = Collect()
     exporter = TraceExporter(clock=clock, queue_size=64)
     exporter.sinks = (sink,)
@@ -531,8 +521,8 @@ def test_otlp_json_equals_the_sdk_encoding_for_exported_requests(clock):
         request(pid=7, comm="sglang", complete=False, status=None, first_out_ns=None),
     )
     assert len(sink.spans) == 4
-    assert otlp_json(sink.spans) == reference_otlp_json(sink.spans)
-    assert otlp_json([]) == reference_otlp_json([]) == {}
+    assert otlp_json(sink.spans) == protobuf_json(encode(sink.spans))
+    assert otlp_json([]) == protobuf_json(encode([])) == {}
 
 
 def test_a_containerised_process_names_its_container_and_pod(clock, tmp_path):
