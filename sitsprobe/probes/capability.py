@@ -36,9 +36,7 @@ _MAIN = {
     "kprobe": ("attach_kprobe", {"event": KFUNC}, KFUNC),
     "uprobe": ("attach_uprobe", {"name": "c", "sym": "getppid"}, "libc:getppid"),
 }
-_HITS = """#include <linux/ptrace.h>
-#include <asm/unistd.h>
-BPF_ARRAY(hits, u64, 8);
+_HITS = """BPF_ARRAY(hits, u64, 8);
 static inline int bump(int i) {
     if ((bpf_get_current_pid_tgid() >> 32) != PID) return 0;
     u64 *v = hits.lookup(&i);
@@ -46,16 +44,14 @@ static inline int bump(int i) {
     return 0;
 }
 """
-# counts only a send whose registers say sendto (the trigger's): proves they are read right
+# counts only a send whose registers say sendto (the trigger's): proves they are read right.
+# The syscall number's place in struct pt_regs and sendto's number, by machine, as
+# constants: the kernel headers that define them would cost this compile a second.
+_SYSCALL_NR = {"x86_64": (120, 44), "aarch64": (280, 206)}  # (offsetof orig_ax / syscallno, __NR_sendto)
 _SOCK_CHECK = """int on_sock_tracepoint(void *ctx) {
-    struct pt_regs r = {};
-    bpf_probe_read_kernel(&r, sizeof(r), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()));
-#if defined(__x86_64__)
-    if (r.orig_ax != __NR_sendto) return 0;
-#else
-    if (r.syscallno != __NR_sendto) return 0;
-#endif
-    return bump(%d);
+    u64 nr = 0;
+    bpf_probe_read_kernel(&nr, sizeof(nr), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()) + NR_OFF);
+    return nr == NR_SENDTO ? bump(%d) : 0;
 }
 """
 _RINGBUF = """BPF_RINGBUF_OUTPUT(events, 1);
@@ -168,9 +164,11 @@ def _probe_main(BPF, root: str) -> dict[str, Capability]:
     text = _HITS + "".join(_SOCK_CHECK % i if k == "sock_tracepoint" else
                            f"int on_{k}(void *ctx) {{ return bump({i}); }}\n"
                            for i, k in enumerate(_MAIN))
+    nr_off, sendto = _SYSCALL_NR.get(os.uname().machine, (0, -1))  # elsewhere: never counts
     try:
         with _quiet() as noise:
-            b = _load(BPF, text=text, cflags=[f"-DPID={os.getpid()}"])
+            b = _load(BPF, text=text, cflags=[f"-DPID={os.getpid()}", f"-DNR_OFF={nr_off}",
+                                              f"-DNR_SENDTO={sendto}"])
     except Exception as e:
         return {k: _failed(k, "compiling the test program", e, noise) for k in _MAIN}
     caps: dict[str, Capability] = {}
