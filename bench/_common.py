@@ -73,9 +73,12 @@ class Wrk:
     sys_s: float     # of which in the kernel
 
 
-def run_wrk(url: str, conns: int, seconds: int, headers: list[str] = ()) -> Wrk:
+def run_wrk(url: str, conns: int, seconds: float, headers: list[str] = (), script: Path | None = None) -> Wrk:
+    """wrk -t1 against url, its latency, errors and own CPU; ``script`` a Lua
+    script (wrk -s: a POST and its body)."""
     p = subprocess.Popen(["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--latency",
-                          *(x for h in headers for x in ("-H", h)), url],
+                          *(x for h in headers for x in ("-H", h)),
+                          *(["-s", str(script)] if script else []), url],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = p.stdout.read()
     p.stdout.close()

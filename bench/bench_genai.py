@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -60,13 +59,13 @@ from bench.bench_http import (  # noqa: E402
     BpfStats,
     Result,
     Wrk,
-    _dur,
     _f,
     _first,
     _us,
     cpu_s,
     free_port,
     machine,
+    run_wrk as _run_wrk,
     scrape,
     stop,
     sys_s,
@@ -204,23 +203,7 @@ def _streams(port: int) -> bool:
 
 def run_wrk(url: str, script: Path, seconds: float) -> Wrk:
     """bench_http.run_wrk with a Lua script (wrk -s): POST and a body."""
-    p = subprocess.Popen(["wrk", "-t1", f"-c{CONNS}", f"-d{seconds}s", "--latency", "-s", str(script), url],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = p.stdout.read()
-    p.stdout.close()
-    _, status, ru = os.wait4(p.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"wrk failed ({os.waitstatus_to_exitcode(status)}):\n{out}")
-    try:
-        lat = {pct: _dur(v, u) for pct, v, u in re.findall(r"^\s*(50|99)%\s+([\d.]+)(us|ms|s|m)\s*$", out, re.MULTILINE)}
-        errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
-        errors += int(m[1]) if (m := re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)) else 0
-        return Wrk(requests=int(re.search(r"(\d+) requests in", out)[1]),
-                   rps=float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1]),
-                   p50_ms=lat["50"], p99_ms=lat["99"], errors=errors,
-                   cpu_s=ru.ru_utime + ru.ru_stime, sys_s=ru.ru_stime)
-    except (TypeError, KeyError) as e:
-        raise RuntimeError(f"cannot parse wrk's output ({e}):\n{out}") from e
+    return _run_wrk(url, CONNS, seconds, script=script)
 
 
 # -- one measurement --------------------------------------------------------------
