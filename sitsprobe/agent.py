@@ -84,7 +84,7 @@ class Agent:
         self._keep_query = frozenset(config.capture.keep_query_params)
         self.tracked: dict[int, str] = {}  # pid -> comm
         self._thread_names: dict[tuple[int, str], str] = {}  # (pid, a thread's comm) -> the process's
-        self.names: dict[int, str] = {}  # every pid ever tracked -> comm, for metrics
+        self.names = procs.Names()  # pid -> comm: the traced, and the last few thousand that exited
         # the kernel's counts of processes that exited, by name: (name, status) -> responses
         self._exited_status: dict[tuple[str, int], int] = {}
         self._exited_untracked: dict[str, int] = {}
@@ -374,6 +374,7 @@ class Agent:
         self._emit(self.streams.forget(pid, time.monotonic_ns()))
         self.joiner.forget(pid)
         self._fold_counts(pid)
+        self.names.retire(pid)
         self.exporter.close_process(pid)
         if comm is not None:
             log.info("%s[%d] exited", comm, pid)

@@ -177,6 +177,31 @@ def listening_ports(pid: int, proc: str = "/proc", tables: dict | None = None) -
     return frozenset(row.local.port for _, row in _owned(pid, proc, TCP_LISTEN, tables))
 
 
+class Names(dict):
+    """pid -> process name, for every traced process and the last ``keep``
+    that exited (their alerts and folded counts still name them): bounded,
+    however many processes come and go. A pid traced again is kept anew."""
+
+    def __init__(self, keep: int = 4096):
+        super().__init__()
+        self.keep = keep
+        self._gone: dict[int, None] = {}  # retired pids, oldest first
+
+    def __setitem__(self, pid: int, name: str) -> None:
+        self._gone.pop(pid, None)
+        super().__setitem__(pid, name)
+
+    def retire(self, pid: int) -> None:
+        """pid exited: its name is kept until ``keep`` later ones have."""
+        if pid in self:
+            self._gone.pop(pid, None)
+            self._gone[pid] = None
+        while len(self._gone) > self.keep:
+            oldest = next(iter(self._gone))
+            del self._gone[oldest]
+            self.pop(oldest, None)
+
+
 class ListenMemo:
     """Listening ports of untraced processes, remembered across rescans.
 

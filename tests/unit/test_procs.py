@@ -226,3 +226,21 @@ def test_real_proc_finds_own_sockets():
                 assert (s.fileno(), Endpoint(*s.getsockname()), Endpoint(*s.getpeername())) in found
             assert me in procs.select(Selector(pids=(me,), ports=(port,)))
             assert me not in procs.select(Selector(ports=(port,)))
+
+
+def test_names_keep_the_traced_and_the_last_few_that_exited():
+    from sitsprobe.procs import Names
+
+    names = Names(keep=2)
+    for pid in (1, 2, 3, 4):
+        names[pid] = f"p{pid}"
+    for pid in (1, 2, 3):
+        names.retire(pid)
+    assert names == {2: "p2", 3: "p3", 4: "p4"}  # 1, the oldest gone, is forgotten; 4 still traced
+    names[2] = "again"  # a pid reused by a process traced again
+    names.retire(3)
+    names.retire(4)
+    names.retire(99)  # never traced: nothing to keep
+    assert names == {2: "again", 3: "p3", 4: "p4"}
+    names.retire(2)
+    assert names == {4: "p4", 2: "again"}
