@@ -14,7 +14,7 @@ PRIOR_COST_S = 250e-6  # CPU seconds per exported trace, assumed until charged: 
 #                       ~60 µs each with OTLP encoding; at 5 % of a core, 200 traces/s
 FLOOR_PER_SECOND = 10  # with a CPU budget, no window gets fewer: a costly moment never stops tracing
 DECAY = 0.9  # the cost estimate's weight of a window, per window since: about 10 s of memory,
-#              so an exporter that sends in lumps (the SDK's batch delay is 5 s) averages out
+#              so a sink that sends in lumps (a batch each second, or at 512 spans) averages out
 CREDIT_WINDOWS = 5  # unspent CPU kept at most, in windows: absorbs charges that arrive in lumps
 DEBT_WINDOWS = 10  # CPU owed at most, in windows: errors go out whatever they cost, and a storm
 #                    of them must not starve tracing long after it ends
