@@ -158,10 +158,6 @@ class Agent:
                    max_payloads=cap.max_payloads),
             self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat,
             self._on_chunk)
-        if self.config.engine.markers:
-            from .probes.markers import MarkerProbe
-            self.markers = MarkerProbe(None, self._on_marker)
-            self.hooks["engine_markers"] = f"{MarkerProbe.hook} libsitsprobe_markers"
         t = self.config.traces
         self.exporter = TraceExporter(clock=self.clock, endpoint=t.otlp_endpoint,
                                       protocol=t.otlp_protocol, traces_file=t.file,
@@ -416,8 +412,25 @@ class Agent:
             self._tls(pid, now)
         if self.cache is not None:
             self.cache.rescan()
-        if self.markers is not None:
+        if self.config.engine.markers:
             self._find_engines()
+
+    def _marker_probe(self):
+        """The engine-marker probe, compiled when the first traced process
+        that loads the markers library is found: an agent whose engines never
+        call our markers (vLLM, TGI, llama.cpp ...) never pays its compile
+        or its ring."""
+        if self.markers is None:
+            from .probes.markers import MarkerProbe
+            from .probes.memory import release_compiler
+
+            try:
+                self.markers = MarkerProbe(None, self._on_marker)
+            except Exception as e:  # noqa: BLE001 (bcc raises Exception) a compile or load that failed
+                raise ProbeAttachError("markers", "bpf/markers.c", str(e)) from e
+            release_compiler()
+            self.hooks["engine_markers"] = f"{MarkerProbe.hook} libsitsprobe_markers"
+        return self.markers
 
     def _find_engines(self) -> None:
         """Traced processes that load the markers library: probe the library,
@@ -432,7 +445,7 @@ class Agent:
             libs = find_marker_libraries(pids=[pid])
             try:
                 for path in libs:
-                    if self.markers.attach(path):
+                    if self._marker_probe().attach(path):
                         log.info("engine markers: attached to %s", path)
             except ProbeAttachError as e:
                 log.warning("%s: %s[%d] is traced without its engine stages",

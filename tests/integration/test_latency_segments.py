@@ -70,18 +70,29 @@ def segments_of(s: dict) -> dict[str, float]:
     return parts
 
 
-@pytest.mark.parametrize("tier", ["socket", "syscall"], ids=lambda t: f"{t}-tier")
-def test_a_blocking_read_is_io_and_a_redis_reply_is_cache(tmp_path, tier):
-    (tmp_path / "agent").mkdir()
+@pytest.fixture(scope="module", params=["socket", "syscall"], ids=lambda t: f"{t}-tier")
+def traced(request, tmp_path_factory):
+    """(tier, the server, the agent tracing it on that socket tier), once per tier."""
+    d = tmp_path_factory.mktemp("agent")
     with RedisServer() as redis, Waiting(redis.port) as server, \
-            running_agent(tmp_path / "agent", {"pids": [server.proc.pid], "cmdline": []}, {},
-                          {"socket_hooks": tier}) as agent:
+            running_agent(d, {"pids": [server.proc.pid], "cmdline": []}, {},
+                          {"socket_hooks": request.param}) as agent:
         wait_until(functools.partial(agent.tracks, server.proc.pid), 15, "the agent to track the server")
-        for path in ("/", "/redis") * 4:
-            assert urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=5).read() == b"done"
-        spans = agent.traces.wait_for_port(server.port, 8)
+        yield request.param, server, agent
+
+
+def spans_of(agent, server, paths: tuple[str, ...], n: int) -> list[dict]:
+    """The first n spans of the server for these paths (the module's other tests ask for others)."""
+    return wait_until(lambda: (s := [x for x in agent.traces.for_port(server.port) if x["attrs"]["url.path"] in paths])
+                      and len(s) >= n and s, 15, f"{n} spans of {paths}")
+
+
+def test_a_blocking_read_is_io_and_a_redis_reply_is_cache(traced):
+    tier, server, agent = traced
+    for path in ("/", "/redis") * 4:
+        assert urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=5).read() == b"done"
     by_path: dict[str, list[dict]] = {}
-    for s in spans:
+    for s in spans_of(agent, server, ("/", "/redis"), 8):
         by_path.setdefault(s["attrs"]["url.path"], []).append(segments_of(s))
     for parts in by_path["/"]:
         if tier == "syscall":
@@ -96,32 +107,31 @@ def test_a_blocking_read_is_io_and_a_redis_reply_is_cache(tmp_path, tier):
 BUSY = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); print(flush=True)\nwhile True: pass"
 
 
-@pytest.mark.parametrize("tier", ["socket", "syscall"], ids=lambda t: f"{t}-tier")
-def test_waiting_for_a_cpu_is_scheduling(tmp_path, tier):
+def test_waiting_for_a_cpu_is_scheduling(traced):
     """The server shares one CPU with two busy loops: each request's thread
     computes for 30 ms of CPU time, preempted by them again and again, and
     waits its turns to run (raw sched tracepoints on the socket tier,
     perf-event ones on the syscall tier): those waits are scheduling, not
     compute."""
-    (tmp_path / "agent").mkdir()
+    tier, server, agent = traced
     cpu = max(os.sched_getaffinity(0))
-    with Waiting() as server, running_agent(tmp_path / "agent", {"pids": [server.proc.pid], "cmdline": []},
-                                            {}, {"socket_hooks": tier}) as agent:
-        wait_until(functools.partial(agent.tracks, server.proc.pid), 15, "the agent to track the server")
-        os.sched_setaffinity(server.proc.pid, {cpu})
-        for task in os.listdir(f"/proc/{server.proc.pid}/task"):
-            os.sched_setaffinity(int(task), {cpu})
-        hogs = [subprocess.Popen([sys.executable, "-c", BUSY, str(cpu)], stdout=subprocess.PIPE) for _ in range(2)]
-        try:
-            for h in hogs:
-                h.stdout.readline()
-            for _ in range(6):
-                assert urllib.request.urlopen(f"http://127.0.0.1:{server.port}/spin", timeout=10).read() == b"done"
-            spans = agent.traces.wait_for_port(server.port, 6)
-        finally:
-            for h in hogs:
-                h.kill()
-                h.wait()
+    everywhere = os.sched_getaffinity(server.proc.pid)
+    tasks = [int(t) for t in os.listdir(f"/proc/{server.proc.pid}/task")]
+    for task in tasks:
+        os.sched_setaffinity(task, {cpu})
+    hogs = [subprocess.Popen([sys.executable, "-c", BUSY, str(cpu)], stdout=subprocess.PIPE) for _ in range(2)]
+    try:
+        for h in hogs:
+            h.stdout.readline()
+        for _ in range(6):
+            assert urllib.request.urlopen(f"http://127.0.0.1:{server.port}/spin", timeout=10).read() == b"done"
+        spans = spans_of(agent, server, ("/spin",), 6)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+        for task in tasks:  # the module's other tests run on every CPU again
+            os.sched_setaffinity(task, everywhere)
     for parts in map(segments_of, spans):  # a third of the CPU: about 60 ms waiting, 30 computing
         assert parts["scheduling"] > 0.015 and parts["compute"] > 0.02, parts
     hook = "raw_tracepoint sched:{sched_switch,sched_wakeup}" if tier == "socket" else "tracepoint sched:sched_switch"
