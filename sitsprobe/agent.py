@@ -353,9 +353,10 @@ class Agent:
         return name
 
     def _retire(self, pid: int) -> None:
+        """A process that exited: everything it held is reported and folded
+        into its name's totals, and only then is it no longer tracked (so a
+        reader that sees it gone sees its counts folded)."""
         self._thread_names = {k: v for k, v in self._thread_names.items() if k[0] != pid}
-        comm = self.tracked.pop(pid, None)
-        self.containers.pop(pid, None)
         self.probe.untrack(pid)
         self.engine.instrumented.discard(pid)
         self._unprobed.discard(pid)
@@ -372,6 +373,8 @@ class Agent:
         self._fold_counts(pid)
         self.names.retire(pid)
         self.exporter.close_process(pid)
+        self.containers.pop(pid, None)
+        comm = self.tracked.pop(pid, None)
         if comm is not None:
             log.info("%s[%d] exited", comm, pid)
 
