@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from dataclasses import replace
@@ -272,7 +273,8 @@ class Agent:
             self._counters, self._status_rows, self._gauges,
             lambda: {"seen": self.sampler.seen, "sampled": self.sampler.exported,
                      "sampled_out": self.sampler.dropped,
-                     "budget_per_second": self.sampler.budget_per_second,
+                     **({"budget_per_second": b} if math.isfinite(b := self.sampler.budget_per_second)
+                        else {}),  # no budget: no gauge (OTLP takes no infinity)
                      "cost_per_trace_seconds": self.sampler.cost_per_trace,
                      "cpu_seconds": self.sampler.cpu_seconds},
             lambda: dict(self.tracked), self.containers.get, self._untracked_rows))
