@@ -85,11 +85,16 @@ def poll(value, until, timeout: float):
     return v
 
 
-def settled_spans(agent, port: int, n: int, timeout: float = 15) -> list[dict]:
-    """The spans for `port` once n arrived (or timeout), and a second more for any extra."""
-    poll(lambda: len(agent.traces.for_port(port)), lambda k: k >= n, timeout)
+def settled_spans(agent, peer, n: int, timeout: float = 15) -> list[dict]:
+    """The peer's spans (its port, its processes: an earlier server of the
+    agent's run may have had the port) once n arrived (or timeout), and a
+    second more for any extra."""
+    def mine() -> list[dict]:
+        return [s for s in agent.traces.for_port(peer.port) if s["resource"].get("process.pid") in peer.pids]
+
+    poll(lambda: len(mine()), lambda k: k >= n, timeout)
     time.sleep(1.0)
-    return agent.traces.for_port(port)
+    return mine()
 
 
 def duration_ns(span: dict) -> int:
@@ -314,7 +319,7 @@ def test_sse_stream_is_one_span_as_long_as_the_stream(agent, server):
     with Peer(agent, server, f"wt-sse-{server[:3]}") as peer:
         with ThreadPoolExecutor(len(SSE_STREAMS)) as pool:
             streams = list(pool.map(lambda t: sse_stream(peer.port, t), SSE_STREAMS))
-        spans = settled_spans(agent, peer.port, len(streams))
+        spans = settled_spans(agent, peer, len(streams))
         histogram = poll(lambda: for_process(agent, "http_server_request_duration_seconds_count",
                                              peer.pids, peer.name),
                          lambda n: n >= len(streams), 5)
@@ -401,7 +406,7 @@ def test_mixed_client_tally_equals_spans_and_kernel_count(agent, server, tmp_pat
             conns = [c for cs in pool.map(lambda i: mixed_client(site, peer.port, deadline, i), range(3))
                      for c in cs]
         tally = sum(len(c.answers) for c in conns)
-        spans = settled_spans(agent, peer.port, tally)
+        spans = settled_spans(agent, peer, tally)
         kernel = poll(lambda: for_process(agent, "sitsprobe_http_server_requests_total", peer.pids, peer.name),
                       lambda n: n >= tally, 5)
         stitched = for_process(agent, "sitsprobe_requests_stitched_total", peer.pids, peer.name)
@@ -488,7 +493,7 @@ def test_openai_client_traceparent_past_the_first_256_bytes(agent, tmp_path):
         completion = client.chat.completions.create(
             model="wire-truth-1", messages=[{"role": "user", "content": "say it true"}])
         client.close()
-        spans = settled_spans(agent, peer.port, 1)
+        spans = settled_spans(agent, peer, 1)
     assert completion.choices[0].message.content == "told true"
     raw = b"".join(f.read_bytes() for f in sorted(record.glob("conn-*.raw")))
     start = raw.index(b"POST /v1/chat/completions ")
@@ -518,7 +523,7 @@ def test_traceparent_and_tracestate_after_2_kib_of_headers(agent):
         c = RawClient(peer.port, "traced")
         status, = c.ask_raw(head, ["/json/traced"])
         c.close()
-        spans = settled_spans(agent, peer.port, 1)
+        spans = settled_spans(agent, peer, 1)
     assert status == 200
 
     check = Checks()
