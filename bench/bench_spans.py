@@ -52,7 +52,13 @@ from sitsprobe.clock import WallClock  # noqa: E402
 from sitsprobe.export import otlp_spans  # noqa: E402
 from sitsprobe.export.otlp import TraceExporter  # noqa: E402
 from sitsprobe.export.otlp_spans import OtlpJsonFileExporter, encode  # noqa: E402
-from sitsprobe.export.semconv import span_attributes, span_kind, span_name  # noqa: E402
+from sitsprobe.export.semconv import (  # noqa: E402
+    cache_attributes,
+    span_attributes,
+    span_kind,
+    span_name,
+    stage_attributes,
+)
 from sitsprobe.request import (  # noqa: E402
     CacheLookup,
     Endpoint,
@@ -146,19 +152,12 @@ class SdkPath:
             span.set_status(Status(StatusCode.ERROR))
         if req.inference is not None:
             child_ctx = trace.set_span_in_context(span)
-            on_gpu = req.gpu.stages if req.gpu is not None else ()
-            for i, st in enumerate(req.inference.stages):
-                attrs = {"sitsprobe.stage": st.name}
-                if st.batch_id:
-                    attrs.update({"sitsprobe.batch.id": st.batch_id, "sitsprobe.batch.size": st.batch_size})
-                if i < len(on_gpu):
-                    attrs.update(on_gpu[i])
+            for st, attrs in zip(req.inference.stages, stage_attributes(req)):
                 self.tracer.start_span(st.name, context=child_ctx, kind=SpanKind.INTERNAL, attributes=attrs,
                                        start_time=wall(st.start_ns)).end(wall(st.end_ns))
             for c in req.inference.cache:
                 self.tracer.start_span(f"cache_get {c.cache}", context=child_ctx, kind=SpanKind.INTERNAL,
-                                       attributes={"sitsprobe.cache.name": c.cache, "sitsprobe.cache.key": c.key,
-                                                   "sitsprobe.cache.hit": c.hit},
+                                       attributes=cache_attributes(c),
                                        start_time=wall(c.ts_ns)).end(wall(c.ts_ns))
         span.end(wall(req.end_ns))
 

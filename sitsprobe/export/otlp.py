@@ -56,7 +56,7 @@ from .otlp_spans import (
     network_sink,
     otlp_json,
 )
-from .semconv import span_attributes, span_kind, span_name
+from .semconv import cache_attributes, span_attributes, span_kind, span_name, stage_attributes
 
 __all__ = ["TraceExporter", "Counts", "Tally", "counted", "agent_resource", "sink_name", "within",
            "OtlpJsonFileExporter", "otlp_json"]
@@ -169,20 +169,14 @@ class TraceExporter:
                       state: str) -> list[SpanData]:
         """The engine's stages and cache look-ups, as children of the request's span."""
         wall = self._clock.to_wall_ns
-        on_gpu = req.gpu.stages if req.gpu is not None else ()
         out = []
-        for i, st in enumerate(req.inference.stages):
-            attrs = {"sitsprobe.stage": st.name}
-            if st.batch_id:
-                attrs.update({"sitsprobe.batch.id": st.batch_id, "sitsprobe.batch.size": st.batch_size})
-            if i < len(on_gpu):
-                attrs.update(on_gpu[i])
+        for st, attrs in zip(req.inference.stages, stage_attributes(req)):
             out.append(SpanData(resource, trace_id, _random_id(64), parent_id, HAS_IS_REMOTE, state, st.name,
                                 _INTERNAL, wall(st.start_ns), wall(st.end_ns), attrs, False))
         for c in req.inference.cache:
-            attrs = {"sitsprobe.cache.name": c.cache, "sitsprobe.cache.key": c.key, "sitsprobe.cache.hit": c.hit}
             out.append(SpanData(resource, trace_id, _random_id(64), parent_id, HAS_IS_REMOTE, state,
-                                f"cache_get {c.cache}", _INTERNAL, wall(c.ts_ns), wall(c.ts_ns), attrs, False))
+                                f"cache_get {c.cache}", _INTERNAL, wall(c.ts_ns), wall(c.ts_ns),
+                                cache_attributes(c), False))
         return out
 
     def force_flush(self, timeout_ms: int = 30_000) -> bool:

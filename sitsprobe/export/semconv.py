@@ -313,3 +313,23 @@ def _error_type(req: Request) -> str | None:
         if req.status >= (400 if client_http else 500):
             return str(req.status)
     return None if req.complete else "incomplete"
+
+
+def stage_attributes(req: Request) -> list[dict[str, object]]:
+    """Attributes of each engine stage's span, in stage order: its name, its
+    batch, and the GPU's state then where the GPU layer attributed one."""
+    on_gpu = req.gpu.stages if req.gpu is not None else ()
+    out = []
+    for i, st in enumerate(req.inference.stages):
+        attrs: dict[str, object] = {"sitsprobe.stage": st.name}
+        if st.batch_id:
+            attrs.update({"sitsprobe.batch.id": st.batch_id, "sitsprobe.batch.size": st.batch_size})
+        if i < len(on_gpu):
+            attrs.update(on_gpu[i])
+        out.append(attrs)
+    return out
+
+
+def cache_attributes(c) -> dict[str, object]:
+    """Attributes of a cache look-up's span (an engine's CacheLookup)."""
+    return {"sitsprobe.cache.name": c.cache, "sitsprobe.cache.key": c.key, "sitsprobe.cache.hit": c.hit}
