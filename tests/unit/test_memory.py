@@ -36,7 +36,7 @@ def test_only_clean_read_only_compiler_pages_are_dropped():
     ]  # not the RELRO (written, then made read-only), not the data, not bcc, not a look-alike
 
 
-def test_release_on_this_process_keeps_it_working(tmp_path):
+def test_nothing_to_release_and_no_smaps_are_zero_bytes(tmp_path):
     (tmp_path / "self").mkdir()
     (tmp_path / "self" / "smaps").write_text("")  # nothing to drop: only the heap is trimmed
     assert release_compiler(str(tmp_path)) == 0
