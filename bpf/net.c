@@ -57,15 +57,22 @@ BPF_TABLE("lru_hash", __u32, struct serving, serving, 16384); /* tid -> the serv
 BPF_TABLE("lru_hash", __u32, struct serving, serving_proc, 4096); /* tgid -> its latest server exchange */
 BPF_HASH(clients, struct tuple, __u64, MAX_CONNS); /* a tracked TCP client connection's tuple -> its key */
 BPF_PERCPU_ARRAY(zero_body, struct body, 1);
+BPF_HASH(bins, struct bin_key, struct bin, MAX_BINS);
+BPF_PERCPU_ARRAY(zero_bin, struct bin, 1);
+BPF_PERCPU_ARRAY(bin_keys, struct bin_key, 1);
+BPF_HASH(shapes, __u64, __u8, MAX_BINS);                 /* shapes userspace knows the route of */
+BPF_TABLE("lru_hash", __u64, __u64, taken, 16384);      /* conn key -> start_ns of an exchange
+                                                         * userspace counted itself (an idle flush) */
+BPF_ARRAY(sampling, struct sampling, 1);
 BPF_ARRAY(beat_layout, struct beat, 1);   /* never used: gives userspace struct beat's layout */
 struct scan_buf {
     __u8 b[SCAN_CHUNK + 16];
 };
 BPF_PERCPU_ARRAY(scan_bufs, struct scan_buf, 1);
-/* Tail calls: 0 scan_head, 1 send_beat, 2 send_chunk; the same programs once
+/* Tail calls: 0 scan_head, 1 send_beat, 2 send_chunk, 3 find_shape; the same programs once
  * as tracepoints (the syscalls' exits), once as uprobes (the TLS library's
  * returns): a program may only tail-call programs of its own type. */
-BPF_PROG_ARRAY(scan_prog, 3);
+BPF_PROG_ARRAY(scan_prog, 4); /* 3 find_shape: syscalls and socket tier only (no TLS is binned) */
 BPF_PROG_ARRAY(uscan_prog, 3);
 static __always_inline void tail(void *ctx, int user, int i)
 {
@@ -192,6 +199,181 @@ static __always_inline struct body *body_of(struct conn *c)
     return b;
 }
 
+static __always_inline void bin_segment(struct bin *v, int i, __u64 ns)
+{
+    __u32 slot = SEG_SLOT(ns);
+    __sync_fetch_and_add(&v->seg_sum_ns[i], ns);
+    if (slot < SEG_SLOTS)
+        __sync_fetch_and_add(&v->seg[i * SEG_SLOTS + slot], 1);
+}
+
+/* Count a finished CF_BINNED exchange into its series: its duration and
+ * latency segments as sitsprobe/stitch/segments.py makes them for a request
+ * without engine stages or device waits. 0: the bins map is full. */
+static __always_inline int add_to_bin(struct conn *c)
+{
+    int zero = 0;
+    struct bin_key *k = bin_keys.lookup(&zero); /* not on the stack: report's callers fill it */
+    if (!k)
+        return 0;
+    k->shape = c->shape;
+    k->tgid = c->tgid;
+    k->status = c->status;
+    struct bin *v = bins.lookup(k);
+    if (!v) {
+        struct bin *z = zero_bin.lookup(&zero);
+        if (!z)
+            return 0;
+        bins.insert(k, z);
+        v = bins.lookup(k);
+        if (!v)
+            return 0;
+    }
+    __u64 start = c->start_ns, end = c->last_out_ns;
+    __u64 dur = 0, net = 0, sched = 0, compute = 0, io = 0, cache = 0;
+    if (end > start) {
+        dur = end - start;
+        __u64 last_in = c->last_in_ns ? c->last_in_ns : start;
+        last_in = last_in < start ? start : (last_in > end ? end : last_in);
+        compute = end - last_in;
+        __u64 sent = c->send_ns < compute ? c->send_ns : compute;
+        compute -= sent;
+        net = last_in - start + sent;
+        __u64 reads = c->rwait_ns > c->cwait_ns ? c->rwait_ns - c->cwait_ns : 0;
+        sched = c->runq_ns < compute ? c->runq_ns : compute;
+        compute -= sched;
+        cache = c->cwait_ns < compute ? c->cwait_ns : compute;
+        compute -= cache;
+        io = reads < compute ? reads : compute;
+        compute -= io;
+    }
+    __sync_fetch_and_add(&v->count, 1);
+    __sync_fetch_and_add(&v->sum_ns, dur);
+    __sync_fetch_and_add(&v->bytes_in, c->bytes_in);
+    __sync_fetch_and_add(&v->bytes_out, c->bytes_out);
+    __u32 slot = DUR_SLOT(dur);
+    if (slot < DUR_SLOTS)
+        __sync_fetch_and_add(&v->dur[slot], 1);
+    bin_segment(v, SEG_NETWORK, net);
+    bin_segment(v, SEG_SCHEDULING, sched);
+    bin_segment(v, SEG_COMPUTE, compute);
+    bin_segment(v, SEG_IO, io);
+    bin_segment(v, SEG_CACHE, cache);
+    count(C_BINNED);
+    return 1;
+}
+
+/* Whether a binned exchange crosses the ring for a trace (struct sampling). */
+static __always_inline int wanted(struct conn *c)
+{
+    int zero = 0;
+    struct sampling *s = sampling.lookup(&zero);
+    if (!s || s->all || c->status >= 500 || c->tp_len || c->ts_len || c->link_key || c->calls)
+        return 1;
+    if (s->slow_ns && c->last_out_ns - c->start_ns >= s->slow_ns)
+        return 1;
+    /* a bucket of one second's tokens; two CPUs may race on it: the rate is approximate,
+     * and userspace's sampler has the last word on what is exported */
+    __u64 now = bpf_ktime_get_ns(), full = s->rate * 1000000000ULL, elapsed = now - s->last_ns;
+    __u64 tokens = elapsed >= 1000000000ULL ? full : s->tokens + elapsed * s->rate;
+    if (tokens > full)
+        tokens = full;
+    s->last_ns = now;
+    if (tokens >= 1000000000ULL) {
+        s->tokens = tokens - 1000000000ULL;
+        return 1;
+    }
+    s->tokens = tokens;
+    return 0;
+}
+
+/* A CF_BINNED exchange at its end (the entry's seq already moved: see
+ * NetProbe.claim): binned, unless userspace took it in an idle flush and
+ * counted it itself (`taken`). Whether it still goes out: 1 to submit it. */
+static __always_inline int settle_bin(struct conn *c, __u8 reason)
+{
+    __u64 key = conn_key(c->tgid, c->fd);
+    __u64 *t = taken.lookup(&key);
+    if (t && *t == c->start_ns) {
+        taken.delete(&key); /* userspace has it whole */
+        return 0;
+    }
+    /* pipelined: userspace's framing tells each request's own bytes */
+    if (reason == END_RESPONSE || !add_to_bin(c)) {
+        if (reason != END_RESPONSE)
+            count(C_BINS_FULL);
+        c->flags &= ~CF_BINNED; /* userspace counts it */
+        return 1;
+    }
+    if (wanted(c))
+        return 1;
+    count(C_UNSENT);
+    return 0;
+}
+
+/* A response's exchange whose shape is to be found (find_shape), per CPU. */
+struct shape_state {
+    __u64 key;
+    __u64 start_ns;
+    __u8 pending;
+};
+BPF_PERCPU_ARRAY(shape_states, struct shape_state, 1);
+
+/* FNV-1a over the method and path of the request head ("GET /a/b?q HTTP/1.1":
+ * "GET /a/b"), 0 when the bytes kept do not reach the path's end. */
+static __always_inline __u64 shape_of(const struct conn *c)
+{
+    __u64 h = 0xcbf29ce484222325ULL;
+    int spaces = 0;
+    for (int i = 0; i < REQ_CAP; i++) {
+        if (i >= c->req_len)
+            return 0;
+        __u8 b = c->req[i];
+        if (b == '?' || b == '\r' || b == '\n' || (b == ' ' && ++spaces == 2))
+            return h | 1;
+        h = (h ^ b) * 0x100000001b3ULL;
+    }
+    return 0;
+}
+
+/* A server's response begins: whether its exchange can be counted in the
+ * kernel. Only a plain one is: no payload kept, no stream, no TLS, its request
+ * seen and alone, and its method and path ones userspace knows the route of. */
+static __always_inline void choose_bin(struct conn *c)
+{
+    c->flags &= ~CF_BINNED;
+    c->shape = 0;
+    if (c->flags & (CF_BODY | CF_STREAM | CF_TLS | CF_MISSED | CF_CLIENT) || c->pipeline)
+        return;
+    int zero = 0;
+    struct shape_state *st = shape_states.lookup(&zero);
+    if (!st)
+        return;
+    st->key = conn_key(c->tgid, c->fd);
+    st->start_ns = c->start_ns;
+    st->pending = 1; /* the hash's loop is a tail call's: the verifier walks it once, not per path */
+}
+
+/* The tail call choose_bin asked for: the shape, and whether it is binned. */
+int find_shape(void *ctx)
+{
+    int zero = 0;
+    struct shape_state *st = shape_states.lookup(&zero);
+    if (!st || !st->pending)
+        return 0;
+    st->pending = 0;
+    struct conn *c = conns.lookup(&st->key);
+    if (!c || c->start_ns != st->start_ns || c->state != ST_RESPONDING)
+        return 0;
+    __u64 shape = shape_of(c);
+    __sync_fetch_and_add(&c->seq, 1);
+    c->shape = shape;
+    if (shape && shapes.lookup(&shape))
+        c->flags |= CF_BINNED;
+    __sync_fetch_and_add(&c->seq, 1);
+    return 0;
+}
+
 /* Submit a copy of the connection's finished exchange, its payload pieces
  * after it when it has them. */
 static __always_inline void report(struct conn *c, __u8 reason)
@@ -199,6 +381,8 @@ static __always_inline void report(struct conn *c, __u8 reason)
     struct conn *e;
     if (c->flags & CF_CLIENT && !(c->flags & CF_TCP))
         return; /* a connected UDP socket (a DNS query, most likely) */
+    if (BINS && c->flags & CF_BINNED && !settle_bin(c, reason))
+        return;
     struct body *b = body_of(c);
     if (b) {
         struct conn_body *eb = exchanges.ringbuf_reserve(sizeof(struct conn_body));
@@ -785,7 +969,8 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         c->status = c->pipeline = 0;
         c->resp_len = 0;
         c->tp_len = c->ts_len = 0;
-        c->flags &= ~(CF_CHUNK_END | CF_SEEDED | CF_MISSED | CF_INTERIM | CF_BODY | CF_BODY_NEXT);
+        c->flags &= ~(CF_CHUNK_END | CF_SEEDED | CF_MISSED | CF_INTERIM | CF_BODY | CF_BODY_NEXT |
+                      CF_BINNED);
         c->req_len = 0;
         if (buf && n > 0 && bpf_probe_read_user(c->req, n, (void *)buf) == 0)
             c->req_len = n;
@@ -838,7 +1023,7 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
         c->pipeline++;
         c->status = 0;
         c->tp_len = c->ts_len = 0;
-        c->flags &= ~(CF_BODY | CF_BODY_NEXT); /* the pieces were the first request's */
+        c->flags &= ~(CF_BODY | CF_BODY_NEXT | CF_BINNED); /* the pieces were the first request's */
         c->state = ST_READING;
     }
     if (c->state != ST_RESPONDING) {
@@ -866,6 +1051,8 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
         c->first_out_ns = t;
         c->bytes_out = 0;
         c->state = ST_RESPONDING;
+        if (BINS && !client && final)
+            choose_bin(c);
         /* Its caller, if traced: looked for now, not when the request came. On
          * loopback the request can be read before the caller's send has even
          * returned, let alone indexed its connection (learn_sock). */
@@ -1045,6 +1232,11 @@ static __always_inline void tails(void *ctx, int user)
         cs->pending = 0;
         count(C_CHUNKS_LOST);
     }
+    struct shape_state *ss = BINS && !user ? shape_states.lookup(&zero) : NULL;
+    if (ss && ss->pending) {
+        tail(ctx, 0, 3); /* find_shape */
+        ss->pending = 0; /* not binned: it crosses the ring */
+    }
 }
 
 /* ret bytes moved on a tracked connection, in plaintext: a syscall's, or a
@@ -1143,8 +1335,10 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
         overflow.delete(&key);
         return 0;
     }
-    if (c->state != ST_IDLE)
+    if (c->state != ST_IDLE) {
+        __sync_fetch_and_add(&c->seq, 1); /* a reader of the entry sees it changed (`taken`) */
         report(c, END_CLOSE);
+    }
     if (c->flags & CF_STREAM)
         close_chunk(c);
     if (c->flags & CF_CLIENT && c->flags & CF_TUPLE) {

@@ -29,6 +29,14 @@
  *   READ_WAITS           1: time tracked threads spend in reads of anything but their
  *                        tracked connections (files, pipes, a dependency's socket),
  *                        and of those, in reads of a Redis reply
+ *   BINS                 1: plain HTTP/1.x server exchanges whose route userspace knows
+ *                        (`shapes`) are counted and binned in the kernel (`bins`, struct
+ *                        bin), and cross the ring only when chosen for a trace
+ *                        (`sampling`); 0: every exchange crosses, userspace counts it
+ *   MAX_BINS             (process, method, route, status) series `bins` holds
+ *   DUR_SLOT(ns), SEG_SLOT(ns)  the histogram bucket of a duration / a latency
+ *                        segment: how many of the buckets' upper bounds it is above
+ *   DUR_SLOTS, SEG_SLOTS buckets of each, +Inf included
  */
 #ifndef SITSPROBE_H
 #define SITSPROBE_H
@@ -88,6 +96,20 @@
 #ifndef OUTGOING
 #define OUTGOING 1
 #endif
+#ifndef BINS
+#define BINS 0
+#endif
+#ifndef MAX_BINS
+#define MAX_BINS 4096
+#endif
+#ifndef DUR_SLOTS
+#define DUR_SLOTS 1
+#define DUR_SLOT(ns) 0
+#endif
+#ifndef SEG_SLOTS
+#define SEG_SLOTS 1
+#define SEG_SLOT(ns) 0
+#endif
 #ifndef CHUNK_CAP
 #define CHUNK_CAP 4096
 #endif
@@ -124,6 +146,7 @@ enum conn_state {
 #define CF_TLS 0x800      /* TLS in a process whose library is hooked: framed from its plaintext */
 #define CF_TLS_PLAIN 0x1000 /* ... and the library's plaintext has come (else, after TLS_GRACE
                              * calls, the connection is another library's: ciphertext, opaque) */
+#define CF_BINNED 0x2000  /* counted into `bins` when it is reported (BINS): userspace leaves its metrics */
 #define TLS_GRACE 16        /* reads and writes of a CF_TLS connection before its plaintext must come */
 
 /* struct exchange_event.reason: why the exchange was reported */
@@ -146,7 +169,10 @@ enum counter {
     C_BODIES_FULL = 6,    /* POST exchanges whose payload was not kept: bodies map full */
     C_WRITES_LOST = 7,    /* response write events lost: ring buffer full */
     C_CHUNKS_LOST = 8,    /* HTTP/2 connection bytes lost: streams ring full */
-    C_COUNTERS = 9,
+    C_BINNED = 9,         /* exchanges counted into `bins` */
+    C_UNSENT = 10,        /* ... of which not sent: no trace chosen (`sampling`) */
+    C_BINS_FULL = 11,     /* exchanges not binned, sent for userspace to count: bins map full */
+    C_COUNTERS = 12,
 };
 
 struct tuple {
@@ -197,6 +223,8 @@ struct conn {
     __u64 link_start;
     __u32 calls; /* exchanges linked to this one so far: its outgoing calls, or a traced callee's */
     __u32 tls_calls; /* CF_TLS without CF_TLS_PLAIN yet: its ciphertext reads and writes so far */
+    __u64 shape;  /* a hash of the request's method and path (0: none), set when the response
+                   * begins; userspace tells the kernel which it knows the route of (`shapes`) */
     __u8 req[REQ_CAP];
     __u8 resp[RESP_CAP];
     __u8 tp[TP_CAP]; /* what followed the header name, up to the line end or TP_CAP */
@@ -320,6 +348,38 @@ struct notice { /* bcc's ring-event decoder knows u32, not __u32 */
 struct status_key {
     __u32 tgid;
     __u32 status;
+};
+
+/* The latency segments (sitsprobe/stitch/segments.py), in its order. */
+enum segment { SEG_NETWORK = 0, SEG_SCHEDULING = 1, SEG_COMPUTE = 2, SEG_IO = 3, SEG_CACHE = 4,
+               SEG_COUNT = 5 };
+
+/* One series of exchanges binned in the kernel (BINS): the `bins` map. */
+struct bin_key {
+    __u64 shape; /* conn.shape: method and path */
+    __u32 tgid;
+    __u32 status;
+};
+struct bin {
+    __u64 count;
+    __u64 sum_ns; /* first byte in to last byte out */
+    __u64 bytes_in;
+    __u64 bytes_out;
+    __u64 dur[DUR_SLOTS];
+    __u64 seg_sum_ns[SEG_COUNT];
+    __u64 seg[SEG_COUNT * SEG_SLOTS]; /* segment i's buckets from i * SEG_SLOTS (flat: bcc's
+                                       * layouts of two-dimensional arrays are wrong) */
+};
+
+/* Which binned exchanges still cross the ring: `sampling`[0], set by userspace.
+ * Always an error (5xx), one with trace context or linked to another, and one
+ * slower than slow_ns; of the rest, `rate` a second (a token bucket). */
+struct sampling {
+    __u64 all;     /* 1: every one (no trace budget) */
+    __u64 rate;    /* a second */
+    __u64 slow_ns; /* 0: none is slow */
+    __u64 tokens;  /* the bucket, in 1e-9 tokens */
+    __u64 last_ns;
 };
 
 /* ---- cuda: begin ---- */

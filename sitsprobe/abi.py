@@ -29,8 +29,8 @@ ST_IDLE, ST_READING, ST_RESPONDING = 0, 1, 2
 
 # struct conn.flags
 CF_TUPLE, CF_TCP, CF_CHUNK_END, CF_SEEDED, CF_MISSED, CF_INTERIM = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
-CF_BODY, CF_BODY_NEXT, CF_CLIENT, CF_BY_PROCESS, CF_STREAM, CF_TLS, CF_TLS_PLAIN = (
-    0x40, 0x80, 0x100, 0x200, 0x400, 0x800, 0x1000)
+CF_BODY, CF_BODY_NEXT, CF_CLIENT, CF_BY_PROCESS, CF_STREAM, CF_TLS, CF_TLS_PLAIN, CF_BINNED = (
+    0x40, 0x80, 0x100, 0x200, 0x400, 0x800, 0x1000, 0x2000)
 TLS_GRACE = 16
 
 # enum end_reason: struct exchange_event.reason (END_FLUSH and END_EXIT: userspace only)
@@ -38,13 +38,18 @@ END_NEXT, END_CLOSE, END_FLUSH, END_EXIT, END_RESPONSE = 1, 2, 3, 4, 5
 
 # enum counter: index into the `counters` per-CPU array
 (C_EXCHANGES, C_LOST, C_CONN_OVERFLOW, C_NOTICES_LOST, C_INFLIGHT_LOST, C_UNCOUNTED,
- C_BODIES_FULL, C_WRITES_LOST, C_CHUNKS_LOST) = range(9)
-C_COUNTERS = 9
+ C_BODIES_FULL, C_WRITES_LOST, C_CHUNKS_LOST, C_BINNED, C_UNSENT, C_BINS_FULL) = range(12)
+C_COUNTERS = 12
 NET_COUNTERS = _in_order({
     C_EXCHANGES: "exchanges", C_LOST: "lost", C_CONN_OVERFLOW: "conn_overflow",
     C_NOTICES_LOST: "notices_lost", C_INFLIGHT_LOST: "inflight_lost", C_UNCOUNTED: "uncounted",
     C_BODIES_FULL: "bodies_full", C_WRITES_LOST: "writes_lost", C_CHUNKS_LOST: "chunks_lost",
+    C_BINNED: "binned", C_UNSENT: "unsent", C_BINS_FULL: "bins_full",
 }, C_COUNTERS)
+
+# enum segment: the rows of struct bin.seg, in sitsprobe.stitch.segments' order
+SEG_NETWORK, SEG_SCHEDULING, SEG_COMPUTE, SEG_IO, SEG_CACHE = range(5)
+SEG_COUNT = 5
 
 # enum call_kind: struct args.kind (the `inflight` map), with SEND and UNTRACKED or-ed in
 K_FLAT, K_IOV, K_MSG, K_NOCOPY, K_ACCEPT, K_CONNECT = 1, 2, 3, 4, 5, 6

@@ -15,10 +15,12 @@ from .clock import WallClock
 from .config import Config
 from .containers import Container, container_of
 from .errors import ProbeAttachError, SitsprobeError
-from .events import Chunk, Exchange, MarkerEvent, ProcessNotice
+from .events import CF_BINNED, Chunk, Exchange, MarkerEvent, ProcessNotice
 from .export import otlp_settings
 from .export.otlp import TraceExporter, within
 from .export.prom import (
+    DURATION_BUCKETS,
+    SEGMENT_BUCKETS,
     Http2Metrics,
     JoinMetrics,
     KernelMetrics,
@@ -40,7 +42,7 @@ from .stitch.engine import EngineJoin
 from .stitch.exchange import Stitcher, enrich, exited
 from .stitch.join import Joiner, Trace
 from .stitch.streams import StreamStitcher
-from .stitch.protocols import resp
+from .stitch.protocols import http1, resp
 from .stitch.segments import StageSegments, segments
 
 log = logging.getLogger("sitsprobe")
@@ -93,6 +95,7 @@ class Agent:
         self.hooks: dict[str, str] = {}
         self.ready = False
         self.requests_seen = 0
+        self._shapes: dict[int, tuple[str, str]] = {}  # the kernel's shape -> (method, route) it stands for
         self.probe = None
         self.markers = None
         self._unprobed: set[int] = set()  # engines whose markers library could not be probed
@@ -117,6 +120,7 @@ class Agent:
     def start(self) -> None:
         from .probes import capability, hooks
         from .probes.memory import release_compiler
+        from .probes.bins import bin_flags
         from .probes.net import NetProbe, cflags
 
         mounted = tracefs.ensure_mounted()
@@ -156,9 +160,16 @@ class Agent:
                    outgoing=self.config.stitch.outgoing, stream_bytes=cap.stream_bytes,
                    genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,
                    write_peek_bytes=cap.write_peek_bytes, max_writes=cap.max_writes,
-                   max_payloads=cap.max_payloads),
+                   max_payloads=cap.max_payloads,
+                   bins=bin_flags(DURATION_BUCKETS, SEGMENT_BUCKETS)
+                   if self.config.stitch.kernel_bins else ()),
             self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat,
             self._on_chunk)
+        if self.probe.bins is not None:
+            self.metrics.bins = self._bin_rows  # read at every scrape
+            self._kernel_sampling()
+            log.info("plain HTTP/1.x requests are counted in the kernel once their route is known; "
+                     "only those chosen for a trace reach the agent (stitch.kernel_bins)")
         t = self.config.traces
         self.exporter = TraceExporter(clock=self.clock, endpoint=t.otlp_endpoint,
                                       protocol=t.otlp_protocol, traces_file=t.file,
@@ -271,13 +282,19 @@ class Agent:
         registry.register(SignalAccounting(self._signal_tallies))
         registry.register(KernelMetrics(
             self._counters, self._status_rows, self._gauges,
-            lambda: {"seen": self.sampler.seen, "sampled": self.sampler.exported,
-                     "sampled_out": self.sampler.dropped,
+            lambda: {**self._sampled(),
                      **({"budget_per_second": b} if math.isfinite(b := self.sampler.budget_per_second)
                         else {}),  # no budget: no gauge (OTLP takes no infinity)
                      "cost_per_trace_seconds": self.sampler.cost_per_trace,
                      "cpu_seconds": self.sampler.cpu_seconds},
             lambda: dict(self.tracked), self.containers.get, self._untracked_rows))
+
+    def _sampled(self) -> dict[str, int]:
+        """What became of the requests seen: the sampler's counts, and the
+        requests the kernel counted and kept (no trace chosen) as sampled out."""
+        unsent = self.probe.counters()["unsent"] if self.probe is not None and self.probe.bins else 0
+        s = self.sampler
+        return {"seen": s.seen + unsent, "sampled": s.exported, "sampled_out": s.dropped + unsent}
 
     def _serve_metrics(self, registry: CollectorRegistry) -> None:
         m = self.config.metrics
@@ -373,6 +390,8 @@ class Agent:
         self._emit(self.streams.forget(pid, time.monotonic_ns()))
         self.joiner.forget(pid)
         self._fold_counts(pid)
+        if self.probe.bins is not None:
+            self.metrics.take_bins(lambda: self._bin_rows(pid, remove=True))
         self.names.retire(pid)
         self.exporter.close_process(pid)
         self.containers.pop(pid, None)
@@ -489,14 +508,46 @@ class Agent:
         self._emit(self.streams.on_chunk(ch))
 
     def _on_exchange(self, ex: Exchange) -> None:
-        self._take(ex, self.stitcher.on_exchange(ex))
+        requests = self.stitcher.on_exchange(ex)
+        if ex.flags & CF_BINNED:  # the kernel counted it, and sent it for a trace
+            requests = [r._replace(binned=True) for r in requests]
+        self._take(ex, requests)
 
     def _take(self, ex: Exchange, requests: list[Request]) -> None:
         """Requests stitched from ex (none: a duplicate of one already reported)."""
         if self.config.cache.resp_mode and requests and requests[0].protocol == resp.NAME:
             for key, hit in resp.resp_get_results(ex.req, ex.resp):
                 self.cache_stats.add("redis-resp", key, hit, ex.start_ns, ex.peer)
+        if ex.shape and ex.shape not in self._shapes and len(requests) == 1:
+            self._learn(ex.shape, requests[0])
         self._emit(requests)
+
+    def _learn(self, shape: int, r: Request) -> None:
+        """The kernel may count the exchanges of this method and path from now
+        on, when its route is the path itself: the shape is a hash of the raw
+        method and path, so each path a route folds (ids) would be a series
+        of its own; those keep coming here."""
+        if (r.protocol == http1.NAME and r.direction == "server" and r.method and r.route == r.path
+                and self.probe.bins is not None and self.probe.bins.learn(shape)):
+            self._shapes[shape] = (r.method, r.route)
+
+    def _bin_rows(self, pid: int | None = None, remove: bool = False):
+        """The kernel's counts since the last look, labelled as the agent's own."""
+        rows = []
+        for d in self.probe.bins.deltas(pid, remove):
+            method, route = self._shapes.get(d.shape, ("_OTHER", "unknown"))
+            name = self.tracked.get(d.tgid) or self.names.get(d.tgid, "?")
+            rows.append(((name, method, route, str(d.status) if d.status else ""), d))
+        return rows
+
+    def _kernel_sampling(self) -> None:
+        """What the kernel sends of the requests it counts: every one without a
+        trace budget; else errors, the slowest (past the p99 so far) and
+        twice the budget's rate, of which the sampler keeps its budget."""
+        budget = self.sampler.budget_per_second
+        p99 = self.metrics.http_quantile(0.99)
+        self.probe.bins.sample(not math.isfinite(budget), 2 * budget + 10 if math.isfinite(budget) else 0,
+                               p99 * 1e9 if p99 else 0)
 
     def _emit(self, requests: list[Request]) -> None:
         now = time.monotonic_ns()
@@ -575,7 +626,10 @@ class Agent:
         in flight by pid."""
         in_flight: dict[int, float] = {}
         for ex, state in self.probe.open_exchanges():
-            if everything or (state == 2 and self.stitcher.due(ex)):
+            if everything or (state == 2 and self.stitcher.due(ex)
+                              and (not ex.flags & CF_BINNED or self.probe.claim(ex))):
+                # a CF_BINNED one only once claimed, so that the kernel does not count it
+                # too; at the end (everything) the kernel will not report it
                 if requests := self.stitcher.on_flush(ex, final=everything):
                     self._take(ex, requests)  # none: reported on an earlier tick
             else:
@@ -588,7 +642,7 @@ class Agent:
         deadline = time.monotonic() + duration_s if duration_s else None
         flush_every = self.config.stitch.flush_interval_ms / 1000
         rescan_every = self.config.select.rescan_interval_s
-        next_flush = next_rescan = time.monotonic()
+        next_flush = next_rescan = next_second = time.monotonic()
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             if self.markers is not None:
                 self.markers.poll(0)  # markers first: their requests are about to end
@@ -606,6 +660,10 @@ class Agent:
                     self._export(t)
                 self.losses.tick(now)  # a loss said as it starts, lasts and stops
                 next_flush = now + flush_every
+            if now >= next_second and self.probe.bins is not None:
+                self.metrics.take_bins(self._bin_rows)
+                self._kernel_sampling()
+                next_second = now + 1
             if now >= next_rescan:
                 self._rescan()
                 next_rescan = now + rescan_every
@@ -696,9 +754,9 @@ class Agent:
                 + "".join(f", {getattr(c, r)} {r.replace('_', ' ')}" for r in c.REASONS if getattr(c, r))
                 for name, c in sorted(counts.items()))
 
-        s = self.sampler
+        s = self._sampled()
         log.info("traces: %d requests seen, %d sampled, %d sampled out; spans: %s",
-                 s.seen, s.exported, s.dropped, said(self.exporter.accounting()) or "no sink")
+                 s["seen"], s["sampled"], s["sampled_out"], said(self.exporter.accounting()) or "no sink")
         if tallies:
             log.info("OTLP %s", said({f"{signal} ({'points' if signal == 'metrics' else 'records'})": t.counts()
                                       for signal, t in tallies.items()}))

@@ -53,6 +53,7 @@ class Stitch:
     run_queue: bool
     read_waits: bool
     outgoing: bool
+    kernel_bins: bool
     join_wait_ms: int
 
 
@@ -368,6 +369,7 @@ _RULES: dict[str, Rule] = {
     "stitch.run_queue": _BOOL,
     "stitch.read_waits": _BOOL,
     "stitch.outgoing": _BOOL,
+    "stitch.kernel_bins": _BOOL,
     "stitch.join_wait_ms": _int(0, 600000),
     "routes.templates": _list(_str('a string starting with "/"', lambda s: s.startswith("/"))),
     "routes.collapse_ids": _BOOL,

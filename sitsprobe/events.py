@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 # Exchange.reason and Exchange.flags values, read here by stitch and the tests
-from .abi import (CF_CHUNK_END, CF_INTERIM, CF_MISSED, CF_SEEDED, CF_TCP,  # noqa: F401
+from .abi import (CF_BINNED, CF_CHUNK_END, CF_INTERIM, CF_MISSED, CF_SEEDED, CF_TCP,  # noqa: F401
                   CF_TUPLE, END_CLOSE, END_EXIT, END_FLUSH, END_NEXT, END_RESPONSE)
 from .request import Endpoint, Payload, Write
 
@@ -45,6 +45,7 @@ class Exchange(NamedTuple):
     link_key: int = 0  # struct conn.link_key: what the exchange belongs to (stitch.join)
     link_start: int = 0
     calls: int = 0  # exchanges the kernel linked to this one
+    shape: int = 0  # the kernel's hash of its method and path (probes.bins), 0: none
 
     @property
     def key(self) -> tuple[int, int, int, int]:

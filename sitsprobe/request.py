@@ -215,6 +215,7 @@ class Request(NamedTuple):
     h2: H2 | None = None  # an HTTP/2 stream (protocol "http/2"): its stream, gRPC status, messages
     tls: bool = False  # framed from the plaintext a TLS library handed over (probes.tls)
     calls: int = 0  # requests the kernel linked to this one (its outgoing calls; a traced callee)
+    binned: bool = False  # its metrics were counted in the kernel (probes.bins): not again here
 
     @property
     def ttft_ns(self) -> int | None:

@@ -6,7 +6,7 @@ import bisect
 import itertools
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry
@@ -16,6 +16,7 @@ from prometheus_client.exposition import MetricsHandler
 from ..containers import Container
 from ..quantile import histogram_quantile
 from ..request import Request
+from ..stitch.protocols import http1
 from ..stitch.segments import SEGMENTS
 from .semconv import (DB_CLIENT_DURATION, HTTP_CLIENT_DURATION, HTTP_DURATION, KNOWN_METHODS, OTHER,
                       RPC_CLIENT_DURATION, RPC_SERVER_DURATION, UNFRAMED_EXCHANGES, grpc_method,
@@ -61,6 +62,14 @@ class Histograms:
             h = self._series[labels] = [[0] * (len(self.buckets) + 1), 0.0]
         h[0][bisect.bisect_left(self.buckets, value)] += 1
         h[1] += value
+
+    def add(self, labels: tuple[str, ...], counts: Sequence[int], total: float) -> None:
+        """Observations binned elsewhere, in these buckets (+Inf last), and their sum."""
+        h = self._series.get(labels)
+        if h is None:
+            h = self._series[labels] = [[0] * (len(self.buckets) + 1), 0.0]
+        h[0] = [a + b for a, b in zip(h[0], counts)]
+        h[1] += total
 
     def quantile_of(self, labels: tuple[str, ...], q: float) -> float | None:
         """Of one series, as histogram_quantile reads it."""
@@ -157,8 +166,36 @@ class RequestMetrics:
             "one observation per segment per request, adding up to the request's duration",
             ("process", "segment"), SEGMENT_BUCKETS)
         self._engine = EngineMetrics()
+        # the kernel's counts since the last look ((process, method, route, status), BinDelta),
+        # read at every scrape (probes.bins); None: the kernel counts nothing
+        self.bins: Callable[[], list] | None = None
+
+    def take_bins(self, rows: Callable[[], list]) -> None:
+        """Requests counted in the kernel join the HTTP server, segment and
+        byte metrics, exactly as if each had been observed here."""
+        with self._lock:
+            for labels, d in rows():
+                self._http.add(labels, d.durations, d.sum_ns / 1e9)
+                for name, counts, total in zip(SEGMENTS, d.segments, d.segment_sums_ns):
+                    self._segments.add((labels[0], name), counts, total / 1e9)
+                b = self._bytes.get((labels[0], http1.NAME))
+                if b is None:
+                    b = self._bytes[(labels[0], http1.NAME)] = [0, 0, 0]
+                b[0] += d.bytes_in
+                b[1] += d.bytes_out
+                b[2] += d.count
+
+    def http_quantile(self, q: float) -> float | None:
+        """Of every HTTP server request's duration, in seconds."""
+        with self._lock:
+            return self._http.quantile(q)
 
     def observe(self, r: Request) -> None:
+        if r.binned:  # its HTTP, segment and byte metrics come from the kernel (take_bins)
+            if r.genai is not None:
+                with self._lock:
+                    self._engine.observe(r)
+            return
         with self._lock:
             seconds = r.duration_ns / 1e9
             if is_grpc(r):
@@ -215,12 +252,14 @@ class RequestMetrics:
                                        labels=("process", "protocol"))
         stitched = CounterMetricFamily("sitsprobe_requests_stitched",
                                        "Requests stitched from kernel events (every protocol, "
-                                       "and connection-level exchanges)",
+                                       "and connection-level exchanges), or counted in the kernel",
                                        labels=("process", "protocol"))
         unframed = CounterMetricFamily(UNFRAMED_EXCHANGES,
                                        "Exchanges no protocol framed, by what they look like "
                                        "(tls, http2, unknown): never in the HTTP metrics",
                                        labels=("process", "protocol"))
+        if self.bins is not None:
+            self.take_bins(self.bins)
         with self._lock:
             families = [self._http.family(), self._http_client.family(), self._rpc_server.family(),
                         self._rpc_client.family(), self._db_client.family(), self._segments.family(),
@@ -359,6 +398,12 @@ class KernelMetrics:
         c = self._counters()
         yield CounterMetricFamily("sitsprobe_events_received", "Exchange events submitted by the kernel",
                                   value=c["exchanges"])
+        if c.get("binned"):
+            yield CounterMetricFamily(
+                "sitsprobe_requests_counted_in_kernel",
+                "HTTP/1.x requests counted into the HTTP metrics in the kernel (stitch.kernel_bins); "
+                "those no trace was chosen for never reached the agent: sitsprobe_traces_total sampled_out",
+                value=c["binned"])
         lost = CounterMetricFamily("sitsprobe_events_lost", "Events the kernel could not deliver, by reason",
                                    labels=("reason",))
         for key, reason in self.LOSS.items():

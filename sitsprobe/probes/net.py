@@ -17,13 +17,13 @@ from ..abi import (CF_BODY, CF_SEEDED, CF_TCP, CF_TUPLE, END_FLUSH, N_EXEC, N_LI
 from ..procs import BlockedRead
 from ..events import Beat, Chunk, Exchange, ProcessNotice
 from ..request import Endpoint, Payload, Write
+from .bins import BPF_NOEXIST, KernelBins
 from .hooks import FENTRY, KPROBE, RAW_TRACEPOINT, TRACEPOINT, Hook
 from .layout import Layout
 from .maps import MapCopy
 from .ring import DrainBudget
 from .tls import TlsHooks
 
-BPF_NOEXIST = 1  # map update flag: create only
 _HOOK_CODE = {FENTRY: TCP_SENDMSG_FENTRY, KPROBE: TCP_SENDMSG_KPROBE, TRACEPOINT: TCP_SENDMSG_TRACEPOINT}
 _TIER_CODE = {RAW_TRACEPOINT: NET_TIER_SOCK, TRACEPOINT: NET_TIER_SYSCALL}
 _TAILS = (b"scan_head", b"send_beat", b"send_chunk")  # bpf/net.c's tail calls, by index
@@ -42,12 +42,13 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
            outgoing: bool = True, stream_bytes: int = 4096,
            genai: bool = True, body_bytes: int = 512,
            tail_bytes: int = 512, write_peek_bytes: int = 384, max_writes: int = 4096,
-           max_payloads: int = 4096) -> list[str]:
+           max_payloads: int = 4096, bins: Iterable[str] = ()) -> list[str]:
     """Load-time settings as -D constants (never string templating).
     ``socket_io`` is the tier chosen for the bytes of socket calls
     (hooks.SOCKET_TIER or SYSCALL_TIER); ``tcp_sendmsg`` matters on the
     syscall tier only. With ``task_pid_offset`` (struct task_struct's pid,
-    from the kernel's BTF), the run-queue hooks are raw tracepoints."""
+    from the kernel's BTF), the run-queue hooks are raw tracepoints. ``bins``:
+    in-kernel counting's own constants (probes.bins.bin_flags); none: no such counting."""
     tier = _TIER_CODE[socket_io.kind]
     if tier == NET_TIER_SYSCALL and tcp_sendmsg is None:
         raise ValueError("the syscall tier needs a tcp_sendmsg hook")
@@ -71,6 +72,7 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
         f"-DPEEK_CAP={write_peek_bytes}",
         f"-DMAX_WRITES={max_writes}",
         f"-DMAX_BODIES={max_payloads}",
+        *bins,
     ]
 
 
@@ -105,7 +107,7 @@ class ExchangeDecoder:
                "last_out_ns", "bytes_in", "bytes_out", "flags", "t.family", "t.laddr",
                "t.lport", "t.raddr", "t.rport", "status", "pipeline", "req_len",
                "resp_len", "req", "resp", "tp_len", "tp", "ts_len", "ts", "send_ns", "runq_ns", "rwait_ns",
-               "cwait_ns", "link_key", "link_start", "calls")
+               "cwait_ns", "link_key", "link_start", "calls", "shape")
 
     def __init__(self, conn_type, name_of: Callable[[int, str], str] | None = None):
         """name_of(tgid, thread's comm): the process's name for its exchanges,
@@ -127,7 +129,7 @@ class ExchangeDecoder:
         (tgid, fd, comm, reported, start_ns, last_in_ns, first_out_ns, last_out_ns, bytes_in,
          bytes_out, flags, family, laddr, lport, raddr, rport, status, pipeline, req_len, resp_len,
          req, resp, tp_len, tp, ts_len, ts, send_ns, runq_ns, rwait_ns, cwait_ns, link_key, link_start,
-         calls) = self._pick(v)
+         calls, shape) = self._pick(v)
         return Exchange(
             tgid=tgid, fd=fd, comm=self.name_of(tgid, _comm(comm)),
             reason=reported if reason is None else reason,
@@ -140,7 +142,7 @@ class ExchangeDecoder:
             req=req[:req_len], resp=resp[:resp_len],
             traceparent=tp[:tp_len], tracestate=ts[:ts_len],
             send_ns=send_ns, runq_ns=runq_ns, read_wait_ns=rwait_ns, cache_wait_ns=cwait_ns,
-            link_key=link_key, link_start=link_start, calls=calls,
+            link_key=link_key, link_start=link_start, calls=calls, shape=shape,
         )
 
 
@@ -220,11 +222,14 @@ class NetProbe:
         caller = BPF.RAW_TRACEPOINT if self.socket_tier else BPF.TRACEPOINT
         for i, name in enumerate(_TAILS):
             self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(self._bpf.load_func(name, caller).fd)
+        if "-DBINS=1" in flags:
+            self._bpf[b"scan_prog"][ct.c_int(len(_TAILS))] = ct.c_int(self._bpf.load_func(b"find_shape", caller).fd)
         if self.socket_tier:
             for tp in (b"sock_send_length", b"sock_recv_length"):  # one program, both ways
                 self._bpf.attach_raw_tracepoint(tp=tp, fn_name=b"sock_io")
         self._user_tails = False
         self.tls = TlsHooks(self._bpf, prepare=self._load_user_tails)
+        self.bins = KernelBins(self._bpf) if "-DBINS=1" in flags else None
         self._conns = self._bpf["conns"]
         self._tracked = self._bpf["tracked"]
         self._conn_type = self._conns.Leaf
@@ -379,6 +384,19 @@ class NetProbe:
         out in a syscall or a few, and unpacked while the buffers are ours."""
         _, keys, values = self._copy.read()
         return list(zip((k for (k,) in _KEY.iter_unpack(keys)), self._decode.iter_unpack(values)))
+
+    def claim(self, ex: Exchange) -> bool:
+        """Whether the agent may count an open CF_BINNED exchange it flushes
+        (KernelBins.claim); False: the kernel counts it and reports it."""
+        key = (ex.tgid << 32) | ex.fd
+        seen = self._last_seen.get(key)
+        if seen is None or self.bins is None:
+            return False
+
+        def unchanged() -> bool:
+            again = self._conns.get(self._conns.Key(key))
+            return again is not None and (again.start_ns, again.seq) == seen[0]
+        return self.bins.claim(key, ex.start_ns, unchanged)
 
     def _settled(self, key: int, seq: int) -> bool:
         if seq % 2:

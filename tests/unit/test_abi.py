@@ -165,7 +165,7 @@ def test_a_swap_in_the_header_fails_naming_both(tmp_path, a, b):
 
 @needs_gcc
 @pytest.mark.parametrize("edit, named", [
-    (lambda h: h.replace("    C_COUNTERS = 9,", "    C_NEW = 9,\n    C_COUNTERS = 10,"), "C_NEW"),
+    (lambda h: h.replace("    C_COUNTERS = 12,", "    C_NEW = 12,\n    C_COUNTERS = 13,"), "C_NEW"),
     (lambda h: h.replace("enum notice_kind { N_EXEC = 1, N_EXIT = 2, N_LISTEN = 3 }",
                          "enum notice_kind { N_EXEC = 1, N_EXIT = 2, N_LISTEN = 3, N_FORK = 4 }"), "N_FORK"),
     (lambda h: h.replace("#define CE_PEER 0x02", "#define CE_PEER 0x02\n#define CE_NEW 0x04"), "CE_NEW"),

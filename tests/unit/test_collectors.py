@@ -103,6 +103,7 @@ class FakeNetProbe:
     """bpf/net.c's maps, as NetProbe reads them at scrape time."""
 
     tls = SimpleNamespace(covered={PID: "/usr/lib/x86_64-linux-gnu/libssl.so.3"})  # TlsHooks
+    bins = None  # KernelBins: what the kernel counts comes out as the agent's own series
 
     def counters(self) -> dict[str, int]:
         return {name: i + 1 for i, name in enumerate(net_probe.COUNTERS)}

@@ -131,7 +131,7 @@ def test_override_whole_section_and_null():
 def test_unknown_key_with_suggestion(tmp_path):
     e = error(tmp_path, "stitch:\n  flush_interval: 10\n")
     assert str(e) == (f"{tmp_path / 'sitsprobe.yaml'}: stitch.flush_interval: unknown key "
-                      "(expected one of: flush_interval_ms, max_connections, run_queue, read_waits, outgoing, join_wait_ms); did you mean flush_interval_ms?")
+                      "(expected one of: flush_interval_ms, max_connections, run_queue, read_waits, outgoing, kernel_bins, join_wait_ms); did you mean flush_interval_ms?")
     assert e.key == "stitch.flush_interval"
 
 
@@ -153,7 +153,7 @@ def test_dotted_key_in_file_is_unknown(tmp_path):
 def test_unknown_override_key():
     e = error(overrides={"stitch.flush_interval": 10})
     assert str(e).startswith("<command line>: stitch.flush_interval: unknown key (expected one of: "
-                             "flush_interval_ms, max_connections, run_queue, read_waits, outgoing, join_wait_ms)")
+                             "flush_interval_ms, max_connections, run_queue, read_waits, outgoing, kernel_bins, join_wait_ms)")
     assert "did you mean flush_interval_ms?" in str(e)
     assert "unknown key" in str(error(overrides={"nosuch.thing": 1}))
 
