@@ -559,11 +559,16 @@ class SignalAccounting:
         yield from (offered, delivered, dropped)
 
 
+METRICS_PATHS = ("/metrics", "/metrics/inference")
+
+
 def serve(registry: CollectorRegistry, address: str, port: int, healthy: Callable[[], bool],
           pages: dict[str, tuple[str, Callable[[dict[str, str]], bytes]]] | None = None) -> ThreadingHTTPServer:
-    """/metrics in the Prometheus text format, /healthz 200 once healthy(), and
-    `pages`: path -> (content type, body maker of the query's parameters),
-    e.g. the cache heatmaps. A maker's ValueError is the client's 400."""
+    """/metrics in the Prometheus text format (and at /metrics/inference, the
+    path the SITS2026 scrape configuration uses), /healthz 200 once
+    healthy(), and `pages`: path -> (content type, body maker of the query's
+    parameters), e.g. the cache heatmaps. A maker's ValueError is the
+    client's 400; any other path is a 404 that lists the ones there are."""
     metrics = MetricsHandler.factory(registry)
     pages = dict(pages or {})
 
@@ -581,8 +586,11 @@ def serve(registry: CollectorRegistry, address: str, port: int, healthy: Callabl
                     self._send(400, "text/plain; charset=utf-8", f"{e}\n".encode())
                     return
                 self._send(200, kind, body)
+            elif path in METRICS_PATHS:
+                super().do_GET()  # the query may name the series wanted (name[]=...)
             else:
-                super().do_GET()
+                known = ", ".join((*METRICS_PATHS, "/healthz", *sorted(pages)))
+                self._send(404, "text/plain; charset=utf-8", f"no page {path}; there are: {known}\n".encode())
 
         def _send(self, code: int, kind: str, body: bytes) -> None:
             self.send_response(code)
