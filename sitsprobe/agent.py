@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import shutil
 import threading
 import time
 from dataclasses import replace
@@ -19,8 +21,6 @@ from .events import CF_BINNED, Chunk, Exchange, MarkerEvent, ProcessNotice
 from .export import otlp_settings
 from .export.otlp import TraceExporter, within
 from .export.prom import (
-    DURATION_BUCKETS,
-    SEGMENT_BUCKETS,
     Http2Metrics,
     JoinMetrics,
     KernelMetrics,
@@ -51,8 +51,25 @@ log = logging.getLogger("sitsprobe")
 TLS_LOOK_EVERY_S = 2.0  # a traced process without libssl mapped: looked at again this often
 
 def selector_of(config: Config) -> procs.Selector:
+    """select.*; with none of it set, the processes the cache probes name:
+    their pid, their process selector, or the program they probe (a probe on
+    a library names none)."""
     s = config.select
-    return procs.Selector(pids=s.pids, comms=s.comms, cmdline=s.cmdline, ports=s.ports)
+    chosen = procs.Selector(pids=s.pids, comms=s.comms, cmdline=s.cmdline, ports=s.ports)
+    if not chosen.empty():
+        return chosen
+    pids, comms, cmdline = [], [], []
+    for p in config.cache.probes:
+        if p.pid != -1:
+            pids.append(p.pid)
+        elif p.process is not None:
+            pids += p.process.pids
+            comms += p.process.comms
+            cmdline += p.process.cmdline
+        elif p.binary and ".so" not in os.path.basename(p.binary) and ("/" in p.binary or shutil.which(p.binary)):
+            comms.append(os.path.basename(p.binary)[:15])
+    return procs.Selector(pids=tuple(dict.fromkeys(pids)), comms=tuple(dict.fromkeys(comms)),
+                          cmdline=tuple(dict.fromkeys(cmdline)))
 
 
 class Agent:
@@ -65,8 +82,8 @@ class Agent:
         self._listen_memo = procs.ListenMemo()
         if self.selector.empty():
             raise SitsprobeError(
-                "nothing to trace: give --pid, --comm, --cmdline or --port, "
-                "or set select.* in the config file")
+                "nothing to trace: give --pid, --comm, --cmdline or --port, or a --cache-probe "
+                "on a program, or set select.* in the config file")
         self.clock = WallClock()
         self.metrics = RequestMetrics()
         self.sampler = TraceSampler(config.traces.max_per_second, config.traces.keep_slowest,
@@ -118,10 +135,9 @@ class Agent:
         return otlp_settings.settings(signal, endpoint=t.otlp_endpoint, protocol=t.otlp_protocol)
 
     def start(self) -> None:
-        from .probes import capability, hooks
         from .probes.memory import release_compiler
-        from .probes.bins import bin_flags
-        from .probes.net import NetProbe, cflags
+        from .probes.net import NetProbe
+        from .probes.net_plan import plan_net
 
         mounted = tracefs.ensure_mounted()
         if mounted:
@@ -133,36 +149,10 @@ class Agent:
                 f"; {choice.note}" if choice.note else "")
         if note:
             log.info("%s", note)
-        wanted = self.config.socket_hooks
-        # what the plan needs: tcp_sendmsg's fentry only on the syscall tier
-        caps = capability.probe_all(only=("main",))
-        if wanted == "syscall" or not caps["sock_tracepoint"].ok:
-            caps |= capability.probe_all(only=("fentry",))
-        plan = capability.plan(caps, socket_hooks=wanted)["net"]
-        for line in capability.fallback_notes({"net": plan}, caps, wanted):
-            log.info("%s", line)
-        io_hook, tcp_hook = plan["socket_io"], plan.get("tcp_sendmsg")
-        if io_hook is None:
-            raise SitsprobeError(f"no hook for the bytes of socket calls on this kernel (socket_hooks: "
-                                 f"{wanted}; see `sitsprobe doctor`)")
-        if io_hook == hooks.SYSCALL_TIER and tcp_hook is None:
-            raise SitsprobeError("no hook for tcp_sendmsg on this kernel (see `sitsprobe doctor`)")
-        log.info("socket calls read through %s%s", io_hook,
-                 "" if wanted == "auto" else f" (socket_hooks: {wanted})")
-        run_queue, pid_offset = self._run_queue(plan)
-        self.hooks = {point: str(h) for point, h in plan.items() if h}
-        cap = self.config.capture
+        net = plan_net(self.config)
+        self.hooks = {point: str(h) for point, h in net.hooks.items() if h}
         self.probe = NetProbe(
-            cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
-                   max_connections=self.config.stitch.max_connections,
-                   ring_buffer_mib=self.config.ring_buffer_mib, socket_io=io_hook, tcp_sendmsg=tcp_hook,
-                   run_queue=run_queue, task_pid_offset=pid_offset, read_waits=self.config.stitch.read_waits,
-                   outgoing=self.config.stitch.outgoing, stream_bytes=cap.stream_bytes,
-                   genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,
-                   write_peek_bytes=cap.write_peek_bytes, max_writes=cap.max_writes,
-                   max_payloads=cap.max_payloads,
-                   bins=bin_flags(DURATION_BUCKETS, SEGMENT_BUCKETS)
-                   if self.config.stitch.kernel_bins else ()),
+            net.flags,
             self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat,
             self._on_chunk)
         if self.probe.bins is not None:
@@ -191,29 +181,6 @@ class Agent:
         self.ready = True
         log.info("tracing %d process(es): %s", len(self.tracked),
                  ", ".join(f"{c}[{p}]" for p, c in sorted(self.tracked.items())) or "none yet")
-
-    def _run_queue(self, plan: dict) -> tuple[bool, int | None]:
-        """Whether the run-queue hooks go on (stitch.run_queue), and the pid
-        offset in struct task_struct that makes them raw tracepoints (from the
-        kernel's BTF); the plan is told what the hooks are."""
-        from .probes import btf, hooks
-
-        if not self.config.stitch.run_queue:
-            return False, None
-        if plan["run_queue"] is not None and plan["run_queue"].kind == hooks.RAW_TRACEPOINT:
-            offset = btf.member_offset("task_struct", "pid")
-            if offset is not None:
-                plan.pop("run_queue_wakeup", None)  # the raw pair is one point
-                log.info("run queue timed through %s", plan["run_queue"])
-                return True, offset
-            log.info("run_queue: no task_struct.pid in the kernel's BTF; using tracepoint sched:sched_switch")
-            plan["run_queue"] = hooks.Hook(hooks.TRACEPOINT, "sched:sched_switch")
-        if plan["run_queue"] and plan["run_queue_wakeup"]:
-            log.info("run queue timed through %s", plan["run_queue"])
-            return True, None
-        log.warning("stitch.run_queue: sched:sched_switch or sched:sched_wakeup unavailable here; "
-                    "sitsprobe.latency.scheduling_s holds only engine queue stages")
-        return False, None
 
     def _start_cache(self, registry: CollectorRegistry) -> None:
         """Cache look-ups from every source (probes, RESP bytes, engine markers) in one table."""
@@ -543,10 +510,11 @@ class Agent:
     def _kernel_sampling(self) -> None:
         """What the kernel sends of the requests it counts: every one without a
         trace budget; else errors, the slowest (past the p99 so far) and
-        twice the budget's rate, of which the sampler keeps its budget."""
+        the budget's rate and a little more: each one sent costs the agent its
+        stitching whether the sampler exports it or not."""
         budget = self.sampler.budget_per_second
         p99 = self.metrics.http_quantile(0.99)
-        self.probe.bins.sample(not math.isfinite(budget), 2 * budget + 10 if math.isfinite(budget) else 0,
+        self.probe.bins.sample(not math.isfinite(budget), 1.2 * budget + 5 if math.isfinite(budget) else 0,
                                p99 * 1e9 if p99 else 0)
 
     def _emit(self, requests: list[Request]) -> None:

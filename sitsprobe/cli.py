@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import signal
 import sys
@@ -89,7 +90,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="probe a cache's look-ups: redis (the lookupKey preset); repeatable")
     run.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long, flushing everything")
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
-    run.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
+    run.add_argument("--ebpf", action="store_true",
+                     help="print the programs the agent would load on this kernel, where each goes, "
+                          "and the -D flags bpf/net.c is compiled with; then exit (probes the kernel)")
 
     doc = sub.add_parser("doctor", help="what this kernel offers and which hook each probe will use")
     doc.add_argument("--json", action="store_true", help="machine-readable report")
@@ -132,7 +135,16 @@ def _parser() -> argparse.ArgumentParser:
     conf = sub.add_parser("config", help="show or check the effective configuration")
     conf.add_argument("-c", "--config", metavar="FILE")
     conf.add_argument("--show", action="store_true", help="print the effective config as YAML")
+    p.set_defaults(commands=sub.choices)
     return p
+
+
+def _unrecognized(command: argparse.ArgumentParser, extra: list[str]) -> None:
+    """A command's usage and, for a mistyped option, the one meant (exits 2)."""
+    known = [o for action in command._actions for o in action.option_strings if o.startswith("--")]
+    typed = next((x.split("=", 1)[0] for x in extra if x.startswith("--")), None)
+    close = difflib.get_close_matches(typed, known, n=1) if typed else []
+    command.error(f"unrecognized arguments: {' '.join(extra)}" + (f"; did you mean {close[0]}?" if close else ""))
 
 
 def _overrides(a: argparse.Namespace) -> dict:
@@ -150,9 +162,7 @@ def _run(a: argparse.Namespace) -> int:
     conf = cfg.load(a.config, _overrides(a))
     logging.basicConfig(level=conf.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     if a.ebpf:
-        from .probes.net import bpf_dir
-        for name in ("sitsprobe.h", "net.c"):
-            print((bpf_dir() / name).read_text())
+        print(_ebpf(conf), end="")
         return 0
     from .agent import Agent
 
@@ -169,6 +179,23 @@ def _run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _ebpf(conf: cfg.Config) -> str:
+    """`run --ebpf`: what `run` with this config would load here."""
+    from .probes.net import TAILS, bpf_dir
+    from .probes.net_plan import plan_net
+    net = plan_net(conf)
+    lines = [f"{bpf_dir() / 'net.c'}, compiled with:", *(f"  {f}" for f in net.flags), "attached:"]
+    lines += [f"  {point:<18} {hook or '(nothing on this kernel)'}" for point, hook in net.hooks.items()]
+    tails = [t.decode() for t in TAILS] + (["find_shape"] if conf.stitch.kernel_bins else [])
+    lines.append("tail calls: " + ", ".join(tails))
+    lines += [f"cache probe {p.name}: uprobe {p.binary or 'the processes ' + str(p.process)}:{p.symbol}"
+              for p in conf.cache.probes]
+    lines.append("loaded when needed: the libssl uprobes above, once a traced process maps libssl; "
+                 "bpf/markers.c once one loads sitsprobe.markers; bpf/cuda.c once one maps libcudart "
+                 "(with NVML)")
+    return "\n".join(lines) + "\n"
+
+
 def _heatmap(a: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
@@ -180,7 +207,9 @@ def _heatmap(a: argparse.Namespace) -> int:
         raise SitsprobeError(f"{a.url}{page}: HTTP {e.code}; is a cache probe on "
                              "(--cache-probe redis, or cache.resp_mode)?") from None
     except OSError as e:
-        raise SitsprobeError(f"cannot reach the agent at {a.url}: {e}") from None
+        raise SitsprobeError(f"cannot reach the agent at {a.url} ({getattr(e, 'reason', e)}): start one "
+                             "with a cache probe, e.g. `sitsprobe run --cache-probe redis`, or give "
+                             "--url") from None
     if a.out:
         with open(a.out, "wb") as f:
             f.write(body)
@@ -239,7 +268,9 @@ def _report(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = _parser().parse_args(argv)
+    a, extra = _parser().parse_known_args(argv)
+    if extra:
+        _unrecognized(a.commands[a.command], extra)
     try:
         if a.command == "run":
             return _run(a)

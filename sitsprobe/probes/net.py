@@ -26,7 +26,7 @@ from .tls import TlsHooks
 
 _HOOK_CODE = {FENTRY: TCP_SENDMSG_FENTRY, KPROBE: TCP_SENDMSG_KPROBE, TRACEPOINT: TCP_SENDMSG_TRACEPOINT}
 _TIER_CODE = {RAW_TRACEPOINT: NET_TIER_SOCK, TRACEPOINT: NET_TIER_SYSCALL}
-_TAILS = (b"scan_head", b"send_beat", b"send_chunk")  # bpf/net.c's tail calls, by index
+TAILS = (b"scan_head", b"send_beat", b"send_chunk")  # bpf/net.c's tail calls, by index
 _KEY = struct.Struct("=Q")  # conns key: tgid << 32 | fd
 _FAMILIES = {socket.AF_INET: (socket.AF_INET, 4), socket.AF_INET6: (socket.AF_INET6, 16)}
 
@@ -220,10 +220,10 @@ class NetProbe:
         self.socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
         # tail-called, never attached; each of the type of the programs that call it
         caller = BPF.RAW_TRACEPOINT if self.socket_tier else BPF.TRACEPOINT
-        for i, name in enumerate(_TAILS):
+        for i, name in enumerate(TAILS):
             self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(self._bpf.load_func(name, caller).fd)
         if "-DBINS=1" in flags:
-            self._bpf[b"scan_prog"][ct.c_int(len(_TAILS))] = ct.c_int(self._bpf.load_func(b"find_shape", caller).fd)
+            self._bpf[b"scan_prog"][ct.c_int(len(TAILS))] = ct.c_int(self._bpf.load_func(b"find_shape", caller).fd)
         if self.socket_tier:
             for tp in (b"sock_send_length", b"sock_recv_length"):  # one program, both ways
                 self._bpf.attach_raw_tracepoint(tp=tp, fn_name=b"sock_io")
@@ -281,7 +281,7 @@ class NetProbe:
         if self._user_tails:
             return
         table = self._bpf[b"uscan_prog"]
-        for i, name in enumerate(_TAILS):
+        for i, name in enumerate(TAILS):
             table[ct.c_int(i)] = ct.c_int(self._bpf.load_func(b"u" + name, BPF.KPROBE).fd)
         self._user_tails = True
 

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from .conftest import ROOT, Server, TraceFile, require_root, wait_until
+from .conftest import ROOT, RedisServer, Server, TraceFile, free_port, require_root, wait_until
 
 
 def sitsprobe(*args: str, log=None) -> subprocess.Popen:
@@ -74,6 +74,52 @@ def test_nothing_selected_is_a_clear_error():
     out, _ = p.communicate(timeout=60)
     assert p.returncode == 2
     assert "nothing to trace" in out and "--pid" in out
+
+
+def test_a_mistyped_option_suggests_the_one_meant_with_the_commands_usage():
+    p = sitsprobe("run", "--prot", "8000")
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 2
+    assert out.startswith("usage: sitsprobe run ")
+    assert "unrecognized arguments: --prot 8000; did you mean --port?" in out
+
+
+def test_heatmap_without_an_agent_says_what_to_run():
+    p = sitsprobe("heatmap", "--url", "http://127.0.0.1:9")  # discard: nothing answers
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 2 and "sitsprobe run --cache-probe redis" in out, out
+
+
+def test_a_cache_probe_alone_traces_the_program_it_probes(tmp_path):
+    """`run --cache-probe redis` with no selector: redis-server is what it traces."""
+    require_root()
+    with RedisServer() as redis:
+        port = free_port()
+        p = sitsprobe("run", "--cache-probe", "redis", "--metrics-port", str(port), "--duration", "30",
+                      log=(tmp_path / "agent.log").open("w"))
+        try:
+            def tracked():
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                        page = r.read().decode()
+                except OSError:
+                    return False
+                return f'pid="{redis.proc.pid}",process="redis-server"' in page
+            wait_until(tracked, 40, "the agent to trace redis-server")
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.wait(60)
+
+
+def test_ebpf_lists_what_run_would_load_here():
+    require_root()
+    help_text, _ = sitsprobe("run", "--help").communicate(timeout=60)
+    assert "--ebpf" in help_text
+    p = sitsprobe("run", "--ebpf")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out
+    for line in ("-DNET_TIER=", "-DBINS=1", "socket_io", "close", "tail calls: scan_head"):
+        assert line in out, line
 
 
 def test_doctor_json_says_what_loads_here():
