@@ -283,7 +283,8 @@ class Agent:
 
     def _gauges(self) -> dict[str, float]:
         return {"probes_attached": len(self.hooks) if self.ready else 0,
-                "tracked_processes": len(self.tracked)}
+                "tracked_processes": len(self.tracked),
+                "gpu_sampling": int(self.gpu is not None and self.gpu.sampler is not None)}
 
     # -- processes ----------------------------------------------------------------
 

@@ -33,7 +33,8 @@ prefix-cache hits; per cache, look-ups/s, miss share and the most-missed key
 prefix; per GPU, busy share, memory and power, with raised collapse alerts.
 The numbers are differences between consecutive scrapes of the agent's
 /metrics page (quantiles from histogram buckets, as histogram_quantile does);
-alerts come from its /alerts.json. Keys: q quit, p pause, s sort HTTP rows.
+alerts come from its /alerts.json. Keys: q quit, p pause, s sort HTTP rows, ? help.
+When the agent stops answering, the last view stays, marked STALE.
 """
 
 REPORT_EPILOG = """\

@@ -25,7 +25,7 @@ class TopApp(App):
     ENABLE_COMMAND_PALETTE = False
     CSS = "#status { height: auto; } #body { height: auto; }"
     BINDINGS = [Binding("q", "quit", "Quit"), Binding("p", "pause", "Pause/resume"),
-                Binding("s", "sort", "Sort HTTP")]
+                Binding("s", "sort", "Sort HTTP"), Binding("question_mark", "help", "Help")]
 
     def __init__(self, source: Source, interval: float = 1.0):
         super().__init__()
@@ -34,6 +34,7 @@ class TopApp(App):
         self.error: str | None = None
         self.paused = False
         self.sort = SORTS[0]
+        self.helping = False
         self._one_at_a_time = asyncio.Lock()  # a Source diffs against its previous scrape
 
     def compose(self) -> ComposeResult:
@@ -65,6 +66,16 @@ class TopApp(App):
                 self.view = view
         self._draw()
 
+    def action_help(self) -> None:
+        self.helping = not self.helping
+        self._draw()
+
+    def on_key(self, event) -> None:
+        """Any other key closes the help screen."""
+        if self.helping and event.key not in ("question_mark", "q"):
+            self.helping = False
+            self._draw()
+
     def action_pause(self) -> None:
         self.paused = not self.paused
         self._draw()
@@ -76,7 +87,8 @@ class TopApp(App):
     def _draw(self) -> None:
         status = render.header(self.source.url, self.view, paused=self.paused, error=self.error)
         self.query_one("#status", Static).update(render.text(status))
-        self.query_one("#body", Static).update(render.text(render.body(self.view, self.sort)))
+        lines = render.HELP if self.helping else render.body(self.view, self.sort)
+        self.query_one("#body", Static).update(render.text(lines))
 
 
 def once(source: Source, interval: float, sleep: Callable[[float], None] = time.sleep) -> str:

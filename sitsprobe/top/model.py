@@ -109,6 +109,7 @@ class View:
     spans_rate: float = 0.0  # spans delivered/s, every sink
     spans_dropped: dict[str, float] = field(default_factory=dict)  # "sink reason" -> since start, non-zero
     prefix_caches: list[PrefixCacheRow] = field(default_factory=list)  # by process
+    gpu_sampling: bool | None = None  # the agent samples its GPUs; None: it does not say
 
 
 def parse(text: str, at: float) -> Snapshot:
@@ -163,7 +164,8 @@ def diff(prev: Snapshot, cur: Snapshot, seconds: float, alerts: list[AlertRow] |
         alerts=alerts if alerts is not None else _gauge_alerts(cur),
         spans_rate=sum(d.counter("sitsprobe_spans_delivered_total").values()) / seconds,
         spans_dropped={f"{dict(k).get('sink', '')} {dict(k).get('reason', '')}": v
-                       for k, v in cur.series("sitsprobe_spans_dropped_total").items() if v})
+                       for k, v in cur.series("sitsprobe_spans_dropped_total").items() if v},
+        gpu_sampling=None if not (g := cur.series("sitsprobe_gpu_sampling")) else bool(sum(g.values())))
 
 
 def sort_http(rows: list[HttpRow], key: str) -> list[HttpRow]:

@@ -11,12 +11,29 @@ from rich.text import Text
 from .model import AlertRow, View, sort_http
 
 WAITING = "waiting for a second scrape: rates need two"
+GPU_OFF = "GPU sampling off (no NVIDIA driver here, or gpu.enabled: false; the agent's log says which)"
+HELP = [
+    "[b]keys[/b]  q quit   p pause/resume   s sort the HTTP rows   ? this help (any key returns)",
+    "",
+    "Every number is over the interval between two scrapes of the agent's /metrics",
+    "(quantiles from histogram buckets, as histogram_quantile reads them).",
+    "[b]HTTP by process[/b]: responses/s, the 5xx share, p50/p99 duration, first byte in",
+    "  to last byte out, as the kernel saw them.",
+    "[b]GenAI by model[/b]: requests/s, output tokens/s, time to first token and per output",
+    "  token, and the latency segment that holds most of the slow tail's time.",
+    "[b]Caches[/b]: look-ups/s, the miss share, the key prefix with the most misses.",
+    "[b]GPU[/b]: busy share (and the signal it comes from), memory, power, the busiest",
+    "  process; ALERT lines are utilization collapses the agent raised.",
+    "STALE in the header: the agent stopped answering; the view is its last good scrape.",
+]
 
 
 def header(url: str, view: View | None, *, paused: bool = False, error: str | None = None) -> list[str]:
     first = f"[b]sitsprobe top[/b]  {escape(url)}"
     if view is not None:
         first += f"  {time.strftime('%H:%M:%S', time.gmtime(view.at))} UTC  over {view.seconds:.1f}s"
+        if error:  # the agent stopped answering: what is shown is from before
+            first += "  [b reverse]STALE[/b reverse]"
     if paused:
         first += "  [reverse]" + escape("[PAUSED]") + "[/reverse]"
     lines = [first]
@@ -102,7 +119,7 @@ def _caches(view: View) -> list[str]:
 
 def _gpus(view: View) -> list[str]:
     if not view.gpus and not view.alerts:
-        return []
+        return [GPU_OFF] if view.gpu_sampling is False else []
     lines = [f"[b]{'GPU':<3} {'busy':>5}  {'signal':<17} {'memory':>15} {'power':>7}  busiest process[/b]"]
     for g in view.gpus:
         busy = _pct(g.busy, 0)

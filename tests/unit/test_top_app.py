@@ -183,6 +183,43 @@ def test_an_unreachable_agent_shows_one_line_and_is_retried():
     drive(agent, steps)
 
 
+def test_a_view_kept_after_the_agent_stopped_answering_is_marked_stale():
+    agent = Agent("metrics1.txt", "metrics2.txt")
+
+    async def steps(app, pilot):
+        await app.scrape()
+        assert "STALE" not in shown(app, "status")
+        agent.down = True
+        await app.scrape()
+        assert "STALE" in shown(app, "status").splitlines()[0]
+        assert "python[21859]" in shown(app, "body")  # the last good view, still shown
+        agent.down = False
+        await app.scrape()
+        assert "STALE" not in shown(app, "status")
+
+    drive(agent, steps)
+
+
+def test_question_mark_shows_the_help_and_any_key_returns():
+    async def steps(app, pilot):
+        await app.scrape()
+        await pilot.press("question_mark")
+        assert shown(app, "body").startswith("keys  q quit")
+        await pilot.press("x")
+        assert "python[21859]" in shown(app, "body")
+
+    drive(Agent("metrics1.txt", "metrics2.txt"), steps)
+
+
+def test_gpu_sampling_off_is_said():
+    agent = Agent("metrics1.txt", "metrics2.txt")
+    agent.pages = [p + "# TYPE sitsprobe_gpu_sampling gauge\nsitsprobe_gpu_sampling 0.0\n" for p in agent.pages]
+    _, body = screen(agent)
+    assert body.splitlines()[-1].startswith("GPU sampling off")
+    _, silent = screen(Agent("metrics1.txt", "metrics2.txt"))  # an agent that does not say: nothing
+    assert "GPU sampling" not in silent
+
+
 def test_the_timer_scrapes_on_its_own_and_q_quits():
     agent = Agent("metrics1.txt", "metrics2.txt")
 
