@@ -1,6 +1,6 @@
 """The demo: sitsprobe watching the reference inference engine under load.
 
-    sudo scripts/demo.sh [--duration 30] [--rate 6] [--traces-file sitsprobe-traces.jsonl]
+    scripts/demo.sh (as root) [--duration 30] [--rate 6] [--traces-file sitsprobe-traces.jsonl]
 
 Starts examples/engine/serve.py (a tiny GPT on the CPU), drives it with
 examples/loadgen.py (streaming chat sessions, half of them sharing a prompt

@@ -41,7 +41,7 @@ def report(root: str = "/", configured_headers: str | None = None,
     problems: list[str] = []
     if os.geteuid() != 0:
         problems.append("not root: loading BPF needs root (or CAP_BPF, CAP_PERFMON and "
-                        "CAP_SYS_ADMIN); run doctor with sudo, or the pod privileged")
+                        "CAP_SYS_ADMIN); run doctor as root, or the pod privileged")
     try:
         mounted = tracefs.ensure_mounted(root)
     except OSError as e:
