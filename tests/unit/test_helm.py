@@ -29,6 +29,7 @@ from sitsprobe import cli, config, kheaders
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy/helm/sitsprobe"
+DASHBOARDS = ROOT / "collectors/grafana/dashboards"
 DEFAULTS = ROOT / "sitsprobe/defaults.yaml"
 KUBE_VERSIONS = ("1.30", "1.35")  # appArmorProfile's first release; helm 4.1's client version
 CAPABILITIES = {"BPF", "PERFMON", "SYS_ADMIN", "SYS_RESOURCE", "SYS_PTRACE"}
@@ -66,6 +67,8 @@ REALISTIC = {
     "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
     "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
     "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+    "grafanaDashboards": {"enabled": True, "namespace": "monitoring", "datasourceUid": "prom-main"},
     "podAnnotations": {"team": "inference"},
     "extraArgs": ["--cache-probe", "redis", "--log-level", "info"],
     "extraEnv": [{"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_always_on"}],
@@ -123,7 +126,8 @@ def refused(values: dict) -> str:
 
 
 def one(docs: list[dict], kind: str) -> dict:
-    found = [d for d in docs if d["kind"] == kind]
+    """The one document of this kind (a ConfigMap: the agent's config, not a dashboard)."""
+    found = [d for d in docs if d["kind"] == kind and "grafana_dashboard" not in d["metadata"].get("labels", {})]
     assert len(found) == 1, f"expected one {kind}, got {[d['kind'] for d in docs]}"
     return found[0]
 
@@ -181,10 +185,12 @@ def test_manifests_pass_kubernetes_schemas(case, kube):
     docs = render(CASES[case])
     kinds = sorted(d["kind"] for d in docs)
     expected = ["ConfigMap", "DaemonSet", "Service", "ServiceAccount"]
-    assert kinds == sorted(expected + (["ServiceMonitor"] if case == "realistic" else []))
+    dashboards = ["ConfigMap"] * len(list(DASHBOARDS.glob("*.json")))
+    assert kinds == sorted(expected + (["ServiceMonitor", "PrometheusRule", *dashboards]
+                                       if case == "realistic" else []))
     for doc in docs:
-        if doc["kind"] == "ServiceMonitor":
-            continue  # a CRD: no schema in kubernetes-validate; see test_service_monitor
+        if doc["kind"] in ("ServiceMonitor", "PrometheusRule"):
+            continue  # CRDs: no schema in kubernetes-validate; see test_service_monitor, test_prometheus_rule
         try:
             kubernetes_validate.validate(doc, kube, strict=True)
         except kubernetes_validate.ValidationError as e:
@@ -212,6 +218,32 @@ def test_service_monitor():
     assert not [d for d in render() if d["kind"] == "ServiceMonitor"], "off by default"
     assert "serviceMonitor.enabled needs service.enabled" in refused(
         {"serviceMonitor": {"enabled": True}, "service": {"enabled": False}})
+
+
+def test_prometheus_rule_is_the_collectors_rules():
+    rule = one(render(REALISTIC), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == yaml.safe_load((ROOT / "collectors/rules/sitsprobe.yml").read_text())
+    assert "{{ $labels.instance }}" in json.dumps(rule["spec"]), "the rules' own templates arrive as they are"
+    assert not [d for d in render() if d["kind"] == "PrometheusRule"], "off by default"
+
+
+def test_dashboards_are_configmaps_for_the_grafana_sidecar():
+    maps = [d for d in render(REALISTIC) if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"]["labels"]]
+    files = sorted(p.name for p in DASHBOARDS.glob("*.json"))
+    assert sorted(name for m in maps for name in m["data"]) == files
+    for m in maps:
+        assert m["metadata"]["namespace"] == "monitoring"
+        assert m["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert m["metadata"]["annotations"] == {"grafana_folder": "sitsprobe"}
+        (name, text), = m["data"].items()
+        dashboard = json.loads(text)
+        assert dashboard == json.loads(json.dumps(dashboard))
+        uids = set(re.findall(r'"uid": "([^"]*)"', text)) & set(re.findall(
+            r'"datasource": \{\s*"type": "prometheus",\s*"uid": "([^"]*)"', text))
+        assert uids == {"prom-main"}, (name, uids)  # the Grafana's own Prometheus datasource
+    assert not [d for d in render() if "grafana_dashboard" in d["metadata"].get("labels", {})], "off by default"
 
 
 def test_service_is_headless_on_the_metrics_port():
@@ -455,7 +487,11 @@ def test_otlp_values_become_the_standard_variables():
 def test_gpu_node_scheduling():
     pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
-    assert not {"runtimeClassName", "priorityClassName", "nodeSelector"} & set(pod)
+    assert not {"runtimeClassName", "nodeSelector"} & set(pod)
+    assert pod["priorityClassName"] == "system-node-critical"  # an agent evicted first sees nothing
+    assert "priorityClassName" not in one(render({"priorityClassName": ""}), "DaemonSet")["spec"]["template"]["spec"]
+    everywhere = one(render({"tolerateAllTaints": True}), "DaemonSet")["spec"]["template"]["spec"]
+    assert everywhere["tolerations"] == [{"operator": "Exists"}]
     pod = one(render(REALISTIC), "DaemonSet")["spec"]["template"]["spec"]
     assert pod["runtimeClassName"] == "nvidia"
     assert pod["priorityClassName"] == "system-node-critical"
