@@ -14,7 +14,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 packages=(python3-bpfcc bpfcc-tools bpftool systemtap-sdt-dev nginx-light apache2-utils wrk redis-server
-          openssl)  # openssl: the TLS tests' self-signed certificates
+          openssl     # the TLS tests' self-signed certificates
+          prometheus) # promtool: the alerting rules and the dashboards' PromQL
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -39,10 +40,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
 fi
 # the packages start services we do not want holding ports
-for svc in nginx redis-server; do
+for svc in nginx redis-server prometheus; do
     systemctl disable --now "$svc" >/dev/null 2>&1 || true
 done
 pkill -x nginx 2>/dev/null || true
+pkill -x prometheus 2>/dev/null || true
 
 mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing
 mountpoint -q /sys/kernel/debug || mount -t debugfs debugfs /sys/kernel/debug
