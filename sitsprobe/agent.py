@@ -120,6 +120,7 @@ class Agent:
         self.cache_stats = None
         self.gpu = None
         self.otlp_metrics = None
+        self.workloads = None
         self.exporter = None
         self.http = None
         self.losses = LossLog(lambda: loss_totals(
@@ -160,10 +161,11 @@ class Agent:
             self._kernel_sampling()
             log.info("plain HTTP/1.x requests are counted in the kernel once their route is known; "
                      "only those chosen for a trace reach the agent (stitch.kernel_bins)")
+        self.workloads = self._start_workloads()
         t = self.config.traces
         self.exporter = TraceExporter(clock=self.clock, endpoint=t.otlp_endpoint,
                                       protocol=t.otlp_protocol, traces_file=t.file,
-                                      on_cost=self.sampler.charge)
+                                      on_cost=self.sampler.charge, workload_of=self.workload_of)
         registry = CollectorRegistry()
         self._start_cache(registry)
         if self.config.gpu.enabled:
@@ -181,6 +183,32 @@ class Agent:
         self.ready = True
         log.info("tracing %d process(es): %s", len(self.tracked),
                  ", ".join(f"{c}[{p}]" for p, c in sorted(self.tracked.items())) or "none yet")
+
+    def _start_workloads(self):
+        """The watch of this node's pods (sitsprobe.workloads), or None, said once."""
+        from . import workloads
+
+        k = self.config.kubernetes
+        if k.metadata == "off":
+            return None
+        where = workloads.api_configured()
+        if where is None:
+            log.log(logging.WARNING if k.metadata == "on" else logging.INFO,
+                    "no Kubernetes API here (no service account, no $KUBECONFIG): pods are known by the "
+                    "UID and container id in their cgroups only")
+            return None
+        w = workloads.Workloads(workloads.node_name(k.node_name), k.pod_labels)
+        try:
+            w.start()
+        except Exception as e:  # a kubeconfig that does not load
+            log.warning("Kubernetes API (%s) not usable: %s; pods are known by their cgroups only", where, e)
+            return None
+        log.info("pods of node %s named from the Kubernetes API (%s)", w.node, where)
+        return w
+
+    def workload_of(self, pid: int):
+        """The traced process's pod, container and owner, once the API has named them."""
+        return None if self.workloads is None else self.workloads.of(self.containers.get(pid))
 
     def _start_cache(self, registry: CollectorRegistry) -> None:
         """Cache look-ups from every source (probes, RESP bytes, engine markers) in one table."""
@@ -254,7 +282,7 @@ class Agent:
                         else {}),  # no budget: no gauge (OTLP takes no infinity)
                      "cost_per_trace_seconds": self.sampler.cost_per_trace,
                      "cpu_seconds": self.sampler.cpu_seconds},
-            lambda: dict(self.tracked), self.containers.get, self._untracked_rows))
+            lambda: dict(self.tracked), self.containers.get, self._untracked_rows, self.workload_of))
 
     def _sampled(self) -> dict[str, int]:
         """What became of the requests seen: the sampler's counts, and the
@@ -661,6 +689,8 @@ class Agent:
         dropped at shutdown, and the log says what became of it all."""
         deadline = time.monotonic() + self.config.stop_timeout_s
         self.ready = False
+        if self.workloads is not None:
+            self.workloads.stop()
         try:
             if self.markers is not None:
                 self.markers.poll(0)

@@ -157,6 +157,13 @@ class Report:
 
 
 @dataclass(frozen=True)
+class Kubernetes:
+    metadata: str  # auto, on, off
+    node_name: str
+    pod_labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Config:
     select: Select
     capture: Capture
@@ -169,6 +176,7 @@ class Config:
     cache: Cache
     gpu: Gpu
     report: Report
+    kubernetes: Kubernetes
     duration_s: float | None
     stop_timeout_s: float
     kernel_headers: str | None
@@ -370,6 +378,9 @@ _RULES: dict[str, Rule] = {
     "stitch.read_waits": _BOOL,
     "stitch.outgoing": _BOOL,
     "stitch.kernel_bins": _BOOL,
+    "kubernetes.metadata": _choice("auto", "on", "off"),
+    "kubernetes.node_name": _str('a node name, or "" ($NODE_NAME, else the host name)', lambda s: True),
+    "kubernetes.pod_labels": _list(_str("a label key (string)", lambda s: 1 <= len(s) <= 317)),
     "stitch.join_wait_ms": _int(0, 600000),
     "routes.templates": _list(_str('a string starting with "/"', lambda s: s.startswith("/"))),
     "routes.collapse_ids": _BOOL,
@@ -429,7 +440,7 @@ _RULES: dict[str, Rule] = {
 }
 _SECTIONS = {"select": Select, "capture": Capture, "stitch": Stitch, "routes": Routes,
              "traces": Traces, "metrics": Metrics, "engine": Engine,
-             "cache": Cache, "gpu": Gpu, "report": Report}
+             "cache": Cache, "gpu": Gpu, "report": Report, "kubernetes": Kubernetes}
 
 
 def _unknown(source: str, name: str, word: str, choices: list[str]) -> ConfigError:

@@ -43,6 +43,7 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState
 from sitsprobe import __version__
 from sitsprobe.clock import WallClock
 from sitsprobe.containers import container_of
+from sitsprobe.workloads import Workload
 from sitsprobe.request import Request
 from sitsprobe.stitch.join import Span, Trace
 
@@ -98,9 +99,12 @@ class TraceExporter:
         queue_size: int = 2048,
         proc: str = "/proc",
         on_cost: Callable[[float], None] = lambda _cpu_s: None,
+        workload_of: Callable[[int], Workload | None] = lambda pid: None,
     ) -> None:
         """``on_cost(seconds)``: the CPU time each batch took to encode and
-        send, from the sinks' threads (the sampler's budget counts it)."""
+        send, from the sinks' threads (the sampler's budget counts it).
+        ``workload_of(pid)``: the process's pod, container and owner, once known."""
+        self._workload_of = workload_of
         self._clock = clock
         self._on_cost = on_cost
         self._proc = proc  # where a traced process's cgroup (its container) is read
@@ -111,7 +115,7 @@ class TraceExporter:
         self.sinks: tuple[SpanExporter, ...] = tuple(s for s in (network, file) if s is not None)
         self._sampler = sampling._get_from_env_or_default()  # the SDK's reading of OTEL_TRACES_SAMPLER(_ARG)
         self._host = socket.gethostname()
-        self._resources: dict[tuple[int, str], SpanResource] = {}
+        self._resources: dict[tuple[int, str], tuple[SpanResource, bool]] = {}  # -> (it, made with a workload)
         self._lanes: list[_Lane] | None = None  # one per sink, made when first needed
         self._lock = threading.Lock()
 
@@ -222,11 +226,13 @@ class TraceExporter:
 
     def _resource_of(self, pid: int, comm: str) -> SpanResource:
         key = (pid, comm)
-        if key not in self._resources:
-            self._resources[key] = SpanResource(self._resource(pid, comm))
-        return self._resources[key]
+        made = self._resources.get(key)
+        if made is None or (not made[1] and self._workload_of(pid) is not None):  # its pod became known
+            workload = self._workload_of(pid)
+            made = self._resources[key] = (SpanResource(self._resource(pid, comm, workload)), workload is not None)
+        return made[0]
 
-    def _resource(self, pid: int, comm: str) -> Resource:
+    def _resource(self, pid: int, comm: str, workload: Workload | None = None) -> Resource:
         # Resource.create lets these override the environment, so leave out
         # whatever OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES already set.
         from_env = OTELResourceDetector().detect().attributes
@@ -246,6 +252,8 @@ class TraceExporter:
                 defaults["container.runtime"] = container.runtime
             if container.pod_uid:
                 defaults["k8s.pod.uid"] = container.pod_uid
+        if workload is not None:  # k8s.* and service.name from the workload (sitsprobe.workloads)
+            defaults.update(workload.attributes())
         return Resource.create({k: v for k, v in defaults.items() if k not in from_env})
 
 

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import MetricsHandler
 
 from ..containers import Container
+from ..workloads import Workload
 from ..quantile import histogram_quantile
 from ..request import Request
 from ..stitch.protocols import http1
@@ -371,14 +372,15 @@ class KernelMetrics:
                  sampler_counts: Callable[[], dict[str, float]],
                  tracked: Callable[[], dict[int, str]],
                  container: Callable[[int], Container | None] = lambda pid: None,
-                 untracked: Callable[[], dict[tuple[str, str], int]] = dict):
+                 untracked: Callable[[], dict[tuple[str, str], int]] = dict,
+                 workload: Callable[[int], Workload | None] = lambda pid: None):
         """status_rows: (pid, process, status) -> responses; untracked: (pid,
         process) -> of those, on untracked connections. pid "": the totals
         of the processes of that name that exited. sampler_counts: outcome
         (seen, sampled, sampled_out) -> requests, and SAMPLER_NUMBERS."""
         self._counters, self._status, self._untracked = counters, status_rows, untracked
         self._gauges, self._sampler = gauges, sampler_counts
-        self._tracked, self._container = tracked, container
+        self._tracked, self._container, self._workload = tracked, container, workload
 
     def collect(self):
         requests = CounterMetricFamily(
@@ -420,11 +422,15 @@ class KernelMetrics:
         yield traces
         yield from self._sampler_numbers(numbers)
         info = GaugeMetricFamily("sitsprobe_tracked_process_info",
-                                 "Processes traced now, with their container and pod (join on pid)",
-                                 labels=("pid", "process", "container_id", "pod_uid"))
+                                 "Processes traced now, with their container and pod (join on pid); "
+                                 "namespace, pod, container and owner from the Kubernetes API (kubernetes.metadata)",
+                                 labels=("pid", "process", "container_id", "pod_uid", "namespace", "pod",
+                                         "container", "owner_kind", "owner"))
         for pid, comm in sorted(self._tracked().items()):
             c = self._container(pid)
-            info.add_metric([str(pid), comm, c.id if c else "", c.pod_uid if c else ""], 1)
+            w = self._workload(pid)
+            info.add_metric([str(pid), comm, c.id if c else "", c.pod_uid if c else "",
+                             *((w.namespace, w.pod, w.container, w.owner_kind, w.owner_name) if w else ("",) * 5)], 1)
         yield info
         for name, value in self._gauges().items():
             yield GaugeMetricFamily(f"sitsprobe_{name}", name.replace("_", " "), value=value)

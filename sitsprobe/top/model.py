@@ -33,6 +33,7 @@ class HttpRow:
     error_ratio: float | None  # 5xx share; None without responses
     p50: float | None  # seconds
     p99: float | None
+    pods: tuple[str, ...] = ()  # "namespace/pod" of its pids, where the agent knows them
 
 
 @dataclass(frozen=True)
@@ -224,13 +225,16 @@ def _http(d: _Delta, seconds: float) -> list[HttpRow]:
         if lab.get("pid"):  # pid "": the totals of exited processes of that name
             pids[lab.get("process", "")].add(lab["pid"])
     lat = d.quantiles("http_server_request_duration_seconds", (0.5, 0.99), "process")
+    pod_of = {lab["pid"]: f"{lab['namespace']}/{lab['pod']}" for lab in map(dict, d.cur.series(
+        "sitsprobe_tracked_process_info")) if lab.get("pod") and lab.get("pid")}
     rows = []
     for proc in sorted({p for p, _ in counts} | {p for p, in lat}):
         total = sum(n for (p, _), n in counts.items() if p == proc)
         errors = sum(n for (p, s), n in counts.items() if p == proc and s.startswith("5"))
         p50, p99 = lat.get((proc,), [None, None])
         rows.append(HttpRow(proc, tuple(sorted(pids[proc])), total / seconds,
-                            errors / total if total else None, p50, p99))
+                            errors / total if total else None, p50, p99,
+                            tuple(sorted({pod_of[p] for p in pids[proc] if p in pod_of}))))
     return rows
 
 

@@ -76,6 +76,8 @@ def _http(view: View, sort: str) -> list[str]:
              f"  sort: {sort}"]
     for r in sort_http(view.http, sort):
         pid = "" if not r.pids else f"[{r.pids[0]}]" if len(r.pids) == 1 else f" ({len(r.pids)} pids)"
+        if r.pods:  # the agent knows their pods: those, not pids
+            pid = f" {r.pods[0]}" if len(r.pods) == 1 else f" ({len(r.pods)} pods)"
         errors = _pct(r.error_ratio)
         if r.error_ratio:
             errors = f"[red]{errors:>7}[/red]"

@@ -184,7 +184,7 @@ def test_manifests_pass_kubernetes_schemas(case, kube):
     kubernetes_validate = _kubernetes_validate()
     docs = render(CASES[case])
     kinds = sorted(d["kind"] for d in docs)
-    expected = ["ConfigMap", "DaemonSet", "Service", "ServiceAccount"]
+    expected = ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Service", "ServiceAccount"]
     dashboards = ["ConfigMap"] * len(list(DASHBOARDS.glob("*.json")))
     assert kinds == sorted(expected + (["ServiceMonitor", "PrometheusRule", *dashboards]
                                        if case == "realistic" else []))
@@ -501,18 +501,30 @@ def test_gpu_node_scheduling():
     assert {"cpu", "memory"} <= set(requests)
 
 
-def test_no_service_account_token():
+def test_metadata_rbac_is_read_only_and_off_with_it(tmp_path):
     docs = render()
-    assert one(docs, "ServiceAccount")["automountServiceAccountToken"] is False
+    account = one(docs, "ServiceAccount")
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False
-    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
-    assert not [d for d in docs if d["kind"] in ("Role", "ClusterRole", "RoleBinding")]
-    # the agent has no Kubernetes client to need one
+    assert account["automountServiceAccountToken"] is True and pod["automountServiceAccountToken"] is True
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    role, binding = one(docs, "ClusterRole"), one(docs, "ClusterRoleBinding")
+    assert {(tuple(r["apiGroups"]), tuple(r["resources"])) for r in role["rules"]} == {
+        (("",), ("pods",)), (("apps",), ("replicasets",))}
+    assert all(r["verbs"] == ["get", "list", "watch"] for r in role["rules"])  # read-only
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": account["metadata"]["namespace"]}]
+    assert effective_config(docs, tmp_path).kubernetes.metadata == "auto"
+    # off: no token, no role, and the agent is told not to look
+    off = render({"kubernetesMetadata": False})
+    assert one(off, "ServiceAccount")["automountServiceAccountToken"] is False
+    assert one(off, "DaemonSet")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert not [d for d in off if d["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
+    assert effective_config(off, tmp_path).kubernetes.metadata == "off"
+    # and only the metadata watch calls the API
     api = re.compile(r"^\s*(import|from)\s+kubernetes\b|KUBERNETES_SERVICE|serviceaccount", re.M)
-    users = [str(p.relative_to(ROOT)) for p in (ROOT / "sitsprobe").rglob("*.py")
-             if api.search(p.read_text())]
-    assert not users, f"these call the Kubernetes API; the chart gives no token: {users}"
+    users = [str(p.relative_to(ROOT)) for p in (ROOT / "sitsprobe").rglob("*.py") if api.search(p.read_text())]
+    assert users == ["sitsprobe/workloads.py"], users
 
 
 def test_config_change_rolls_the_pods():

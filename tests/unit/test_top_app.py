@@ -6,6 +6,7 @@ docs/top.txt and docs/top.svg from the GPU fixture."""
 from __future__ import annotations
 
 import asyncio
+import re
 import itertools
 import os
 import urllib.error
@@ -209,6 +210,16 @@ def test_question_mark_shows_the_help_and_any_key_returns():
         assert "python[21859]" in shown(app, "body")
 
     drive(Agent("metrics1.txt", "metrics2.txt"), steps)
+
+
+def test_a_process_whose_pod_is_known_is_shown_by_its_pod():
+    agent = Agent("metrics1.txt", "metrics2.txt")
+    info = ('sitsprobe_tracked_process_info{container="vllm",container_id="4b82",namespace="inference",'
+            'owner="vllm",owner_kind="Deployment",pid="21859",pod="vllm-7d9f8c6b5-x2k4q",pod_uid="1f2e",'
+            'process="python"} 1.0')
+    agent.pages = [re.sub(r'^sitsprobe_tracked_process_info\{.*$', info, p, flags=re.M) for p in agent.pages]
+    _, body = screen(agent)
+    assert "python inference/vllm-7d9f8c" in body and "python[21859]" not in body
 
 
 def test_gpu_sampling_off_is_said():
