@@ -36,12 +36,13 @@ class Workload(NamedTuple):
     owner_kind: str  # one of OWNER_KINDS; "" for a bare pod
     owner_name: str
     labels: tuple[tuple[str, str], ...]  # the pod labels kubernetes.pod_labels names
+    app: str = ""  # its app.kubernetes.io/name label
 
     @property
     def service_name(self) -> str:
         """The OpenTelemetry conventions' choice: the app.kubernetes.io/name
         label, else the owner's name, else the container's."""
-        return dict(self.labels).get("app.kubernetes.io/name") or self.owner_name or self.container or self.pod
+        return self.app or self.owner_name or self.container or self.pod
 
     def attributes(self) -> dict[str, str]:
         """The OpenTelemetry k8s.* resource attributes, and service.name."""
@@ -108,7 +109,8 @@ class PodIndex:
             labels = meta.get("labels") or {}
             return Workload(namespace, meta.get("name", ""), c.pod_uid, spec.get("nodeName", ""), container,
                             kind if kind in OWNER_KINDS else "", name if kind in OWNER_KINDS else "",
-                            tuple((k, labels[k]) for k in self._labels if k in labels))
+                            tuple((k, labels[k]) for k in self._labels if k in labels),
+                            labels.get("app.kubernetes.io/name", ""))
 
 
 def _controllers(pod: dict) -> list[dict]:

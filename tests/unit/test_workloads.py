@@ -41,6 +41,7 @@ def test_the_index_names_pod_container_and_owner():
     index.set_owner("inference", "vllm-7d9f8c6b5", ("Deployment", "vllm"))
     w = index.workload(VLLM)
     assert (w.owner_kind, w.owner_name, w.labels) == ("Deployment", "vllm", (("team", "serving"),))
+    assert w.service_name == "vllm-llama"  # app.kubernetes.io/name, asked for or not
     assert index.workload(SIDECAR).container == "metrics-sidecar"
     assert index.workload(REDIS)[:7] == ("cache", "redis-0", REDIS.pod_uid, "gpu-node-3", "redis", "StatefulSet", "redis")
     assert index.workload(VLLM._replace(id="0" * 64)).container == ""  # a container the status does not list yet
@@ -49,15 +50,15 @@ def test_the_index_names_pod_container_and_owner():
 
 def test_the_opentelemetry_names():
     w = Workload("inference", "vllm-7d9f8c6b5-x2k4q", "uid-1", "gpu-node-3", "vllm", "Deployment", "vllm",
-                 (("app.kubernetes.io/name", "vllm-llama"),))
+                 (("app.kubernetes.io/name", "vllm-llama"),), "vllm-llama")
     assert w.attributes() == {
         "k8s.namespace.name": "inference", "k8s.pod.name": "vllm-7d9f8c6b5-x2k4q", "k8s.pod.uid": "uid-1",
         "k8s.node.name": "gpu-node-3", "k8s.container.name": "vllm", "k8s.deployment.name": "vllm",
         "service.name": "vllm-llama", "k8s.pod.label.app.kubernetes.io/name": "vllm-llama"}
     # service.name: the app.kubernetes.io/name label, else the owner, else the container
-    assert w._replace(labels=()).service_name == "vllm"
-    assert w._replace(labels=(), owner_kind="", owner_name="").service_name == "vllm"
-    assert w._replace(labels=(), owner_kind="", owner_name="", container="").service_name == w.pod
+    assert w._replace(app="").service_name == "vllm"
+    assert w._replace(app="", owner_kind="", owner_name="").service_name == "vllm"
+    assert w._replace(app="", owner_kind="", owner_name="", container="").service_name == w.pod
 
 
 @pytest.fixture
