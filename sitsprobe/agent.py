@@ -85,7 +85,9 @@ class Agent:
                 "nothing to trace: give --pid, --comm, --cmdline or --port, or a --cache-probe "
                 "on a program, or set select.* in the config file")
         self.clock = WallClock()
-        self.metrics = RequestMetrics()
+        self.metrics = RequestMetrics(pods=self._pods_wanted())
+        self.metrics.who = lambda r: self._who(r.pid, r.comm)
+        self._pod_of: dict[int, tuple[str, str, str]] = {}  # pid -> its namespace, pod, container, once known
         self.sampler = TraceSampler(config.traces.max_per_second, config.traces.keep_slowest,
                                     cpu_budget=config.traces.cpu_budget)
         self.joiner = Joiner(config.stitch.join_wait_ms * 1_000_000)
@@ -121,6 +123,7 @@ class Agent:
         self.gpu = None
         self.otlp_metrics = None
         self.workloads = None
+        self._final_sampled: dict[str, int] = {}
         self.exporter = None
         self.http = None
         self.losses = LossLog(lambda: loss_totals(
@@ -205,6 +208,24 @@ class Agent:
             return None
         log.info("pods of node %s named from the Kubernetes API (%s)", w.node, where)
         return w
+
+    def _pods_wanted(self) -> bool:
+        """Whether series carry namespace, pod and container (kubernetes.metadata)."""
+        from .workloads import api_configured
+        k = self.config.kubernetes.metadata
+        return k == "on" or (k == "auto" and api_configured() is not None)
+
+    def _who(self, pid: int, comm: str) -> tuple[str, ...]:
+        """A process's values of the metrics' who labels (RequestMetrics.labels)."""
+        if len(self.metrics.labels) == 1:
+            return (comm,)
+        pod = self._pod_of.get(pid)
+        if pod is None:
+            w = self.workload_of(pid)
+            if w is None:
+                return (comm, "", "", "")
+            pod = self._pod_of[pid] = (w.namespace, w.pod, w.container)
+        return (comm, *pod)
 
     def workload_of(self, pid: int):
         """The traced process's pod, container and owner, once the API has named them."""
@@ -391,6 +412,7 @@ class Agent:
         self.names.retire(pid)
         self.exporter.close_process(pid)
         self.containers.pop(pid, None)
+        self._pod_of.pop(pid, None)
         comm = self.tracked.pop(pid, None)
         if comm is not None:
             log.info("%s[%d] exited", comm, pid)
@@ -532,8 +554,8 @@ class Agent:
         rows = []
         for d in self.probe.bins.deltas(pid, remove):
             method, route = self._shapes.get(d.shape, ("_OTHER", "unknown"))
-            name = self.tracked.get(d.tgid) or self.names.get(d.tgid, "?")
-            rows.append(((name, method, route, str(d.status) if d.status else ""), d))
+            who = self._who(d.tgid, self.tracked.get(d.tgid) or self.names.get(d.tgid, "?"))
+            rows.append(((*who, method, route, str(d.status) if d.status else ""), d))
         return rows
 
     def _kernel_sampling(self) -> None:
@@ -708,6 +730,7 @@ class Agent:
             within(half, [x.shutdown for x in (self.otlp_metrics,) if x is not None])
         finally:
             tallies = self._signal_tallies()
+            self._final_sampled = self._sampled()  # the kernel's part, read while its maps are there
             self._detach(deadline)
             for tally in tallies.values():  # what a shutdown past the bound still held
                 tally.close()
@@ -753,7 +776,7 @@ class Agent:
                 + "".join(f", {getattr(c, r)} {r.replace('_', ' ')}" for r in c.REASONS if getattr(c, r))
                 for name, c in sorted(counts.items()))
 
-        s = self._sampled()
+        s = self._final_sampled
         log.info("traces: %d requests seen, %d sampled, %d sampled out; spans: %s",
                  s["seen"], s["sampled"], s["sampled_out"], said(self.exporter.accounting()) or "no sink")
         if tallies:

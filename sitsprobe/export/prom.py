@@ -45,6 +45,8 @@ SEGMENT_BUCKETS = (0.00001, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
 SLOW_REFRESH = 64  # observations between re-reading a model's p99 duration
 # Labels that come from the traffic, bounded per process (as routes are by
 # RouteMapper's max_routes): past this many distinct values, the rest fold.
+PROCESS = ("process",)  # who a request's series belong to: the process's name ...
+POD = ("namespace", "pod", "container")  # ... and, with pod metadata, its pod (sitsprobe.workloads)
 MAX_SERVERS = 64  # (server_address, server_port) pairs a client metric keeps; then "_other"
 MAX_METHODS = 256  # gRPC methods, Redis commands; then "_OTHER"
 FOLDED = "_other"
@@ -127,33 +129,37 @@ class RequestMetrics:
     """A Collector over plain dicts: observing a request is a dict lookup and a
     bisect, cheap enough for every request at tens of thousands per second."""
 
-    def __init__(self):
+    def __init__(self, pods: bool = False):
+        """pods: every series by the pod and container too (kubernetes.metadata),
+        their values from who(request) (see sitsprobe.workloads)."""
         self._lock = threading.Lock()
+        W = self.labels = PROCESS + POD if pods else PROCESS
+        self.who: Callable[[Request], tuple[str, ...]] = lambda r: (r.comm,) + ("",) * (len(W) - 1)
         self._http = Histograms(
             HTTP_DURATION,
             "Duration of HTTP server requests, first byte in to last byte out, seen in the kernel",
-            ("process", "method", "route", "status"), DURATION_BUCKETS)
+            (*W, "method", "route", "status"), DURATION_BUCKETS)
         servers = f"; server_address/server_port: the first {MAX_SERVERS} pairs a process called, " \
                   f"the rest {FOLDED}"
         methods = f"; at most {MAX_METHODS} methods a process, the rest {OTHER}"
         self._http_client = Histograms(
             HTTP_CLIENT_DURATION,
             "Duration of HTTP requests a traced process sent, first byte out to last byte in" + servers,
-            ("process", "method", "server_address", "server_port", "status"), DURATION_BUCKETS)
+            (*W, "method", "server_address", "server_port", "status"), DURATION_BUCKETS)
         self._rpc_server = Histograms(
             RPC_SERVER_DURATION,
             "Duration of gRPC calls served, first byte in to last byte out; status: the gRPC code's "
-            "name" + methods, ("process", "system", "method", "status"), DURATION_BUCKETS)
+            "name" + methods, (*W, "system", "method", "status"), DURATION_BUCKETS)
         self._rpc_client = Histograms(
             RPC_CLIENT_DURATION,
             "Duration of gRPC calls a traced process made, first byte out to last byte in; status: "
-            "the gRPC code's name" + methods, ("process", "system", "method", "status"), DURATION_BUCKETS)
+            "the gRPC code's name" + methods, (*W, "system", "method", "status"), DURATION_BUCKETS)
         self._db_client = Histograms(
             DB_CLIENT_DURATION,
             "Duration of Redis commands a traced process sent (operation: the first command of an "
             "exchange), first byte out to last byte in" + servers
             + f"; at most {MAX_METHODS} operations a process, the rest {OTHER}",
-            ("process", "system", "operation", "server_address", "server_port"), DURATION_BUCKETS)
+            (*W, "system", "operation", "server_address", "server_port"), DURATION_BUCKETS)
         # each metric's traffic-made labels, bounded per process
         self._http_servers = LabelCap(MAX_SERVERS, (FOLDED, FOLDED))
         self._db_servers = LabelCap(MAX_SERVERS, (FOLDED, FOLDED))
@@ -165,23 +171,26 @@ class RequestMetrics:
             "sitsprobe_request_segment_seconds",
             "Each served request's latency by segment (network, scheduling, compute, io, cache): "
             "one observation per segment per request, adding up to the request's duration",
-            ("process", "segment"), SEGMENT_BUCKETS)
-        self._engine = EngineMetrics()
+            (*W, "segment"), SEGMENT_BUCKETS)
+        self._engine = EngineMetrics(W)
         # the kernel's counts since the last look ((process, method, route, status), BinDelta),
         # read at every scrape (probes.bins); None: the kernel counts nothing
         self.bins: Callable[[], list] | None = None
 
     def take_bins(self, rows: Callable[[], list]) -> None:
         """Requests counted in the kernel join the HTTP server, segment and
-        byte metrics, exactly as if each had been observed here."""
+        byte metrics, exactly as if each had been observed here. rows: (the
+        who labels, method, route, status), BinDelta."""
+        n = len(self.labels)
         with self._lock:
             for labels, d in rows():
+                who = labels[:n]
                 self._http.add(labels, d.durations, d.sum_ns / 1e9)
                 for name, counts, total in zip(SEGMENTS, d.segments, d.segment_sums_ns):
-                    self._segments.add((labels[0], name), counts, total / 1e9)
-                b = self._bytes.get((labels[0], http1.NAME))
+                    self._segments.add((*who, name), counts, total / 1e9)
+                b = self._bytes.get((*who, http1.NAME))
                 if b is None:
-                    b = self._bytes[(labels[0], http1.NAME)] = [0, 0, 0]
+                    b = self._bytes[(*who, http1.NAME)] = [0, 0, 0]
                 b[0] += d.bytes_in
                 b[1] += d.bytes_out
                 b[2] += d.count
@@ -192,41 +201,42 @@ class RequestMetrics:
             return self._http.quantile(q)
 
     def observe(self, r: Request) -> None:
+        w = self.who(r)
         if r.binned:  # its HTTP, segment and byte metrics come from the kernel (take_bins)
             if r.genai is not None:
                 with self._lock:
-                    self._engine.observe(r)
+                    self._engine.observe(r, w)
             return
         with self._lock:
             seconds = r.duration_ns / 1e9
             if is_grpc(r):
                 side = "client" if is_client(r) else "server"
                 method = self._rpc_methods[side](r.comm, grpc_method(r))
-                labels = (r.comm, "grpc", method, grpc_status_name(r.h2.grpc_status) or "")
+                labels = (*w, "grpc", method, grpc_status_name(r.h2.grpc_status) or "")
                 (self._rpc_client if side == "client" else self._rpc_server).observe(labels, seconds)
             elif is_http(r) and is_client(r):
                 method = r.method if r.method in KNOWN_METHODS else OTHER
-                labels = (r.comm, method, *_server_labels(r, self._http_servers),
+                labels = (*w, method, *_server_labels(r, self._http_servers),
                           str(r.status) if r.status else "")
                 self._http_client.observe(labels, seconds)
             elif is_http(r):
-                labels = (r.comm, r.method or "_OTHER", r.route or "", str(r.status) if r.status else "")
+                labels = (*w, r.method or "_OTHER", r.route or "", str(r.status) if r.status else "")
                 self._http.observe(labels, seconds)
             elif is_redis(r) and is_client(r):
                 operation = self._db_operations(r.comm, r.method or "")
-                labels = (r.comm, "redis", operation, *_server_labels(r, self._db_servers))
+                labels = (*w, "redis", operation, *_server_labels(r, self._db_servers))
                 self._db_client.observe(labels, seconds)
             elif is_unframed(r):
-                key = (r.comm, r.protocol)
+                key = (*w, r.protocol)
                 self._unframed[key] = self._unframed.get(key, 0) + 1
             if r.genai is not None:
-                self._engine.observe(r)
+                self._engine.observe(r, w)
             if r.segments is not None and not is_client(r):  # a call's time is its caller's segment
                 for name, ns in zip(SEGMENTS, r.segments):
-                    self._segments.observe((r.comm, name), ns / 1e9)
-            b = self._bytes.get((r.comm, r.protocol))
+                    self._segments.observe((*w, name), ns / 1e9)
+            b = self._bytes.get((*w, r.protocol))
             if b is None:
-                b = self._bytes[(r.comm, r.protocol)] = [0, 0, 0]
+                b = self._bytes[(*w, r.protocol)] = [0, 0, 0]
             b[0] += r.bytes_in
             b[1] += r.bytes_out
             b[2] += 1
@@ -237,7 +247,7 @@ class RequestMetrics:
 
     def cache_hit_ratio(self, cache: str) -> float | None:
         with self._lock:
-            rows = [v for (_, c), v in self._engine.cache.items() if c == cache]
+            rows = [v for key, v in self._engine.cache.items() if key[-1] == cache]
         hits, total = sum(r[0] for r in rows), sum(r[0] + r[1] for r in rows)
         return hits / total if total else None
 
@@ -247,30 +257,31 @@ class RequestMetrics:
                 self._engine.batch.observe((), n)
 
     def collect(self):
+        W = self.labels
         size_in = CounterMetricFamily("sitsprobe_request_bytes", "Bytes received in requests",
-                                      labels=("process", "protocol"))
+                                      labels=(*W, "protocol"))
         size_out = CounterMetricFamily("sitsprobe_response_bytes", "Bytes sent in responses",
-                                       labels=("process", "protocol"))
+                                       labels=(*W, "protocol"))
         stitched = CounterMetricFamily("sitsprobe_requests_stitched",
                                        "Requests stitched from kernel events (every protocol, "
                                        "and connection-level exchanges), or counted in the kernel",
-                                       labels=("process", "protocol"))
+                                       labels=(*W, "protocol"))
         unframed = CounterMetricFamily(UNFRAMED_EXCHANGES,
                                        "Exchanges no protocol framed, by what they look like "
                                        "(tls, http2, unknown): never in the HTTP metrics",
-                                       labels=("process", "protocol"))
+                                       labels=(*W, "protocol"))
         if self.bins is not None:
             self.take_bins(self.bins)
         with self._lock:
             families = [self._http.family(), self._http_client.family(), self._rpc_server.family(),
                         self._rpc_client.family(), self._db_client.family(), self._segments.family(),
                         *self._engine.families()]
-            for (comm, proto), (bin_, bout, n) in self._bytes.items():
-                size_in.add_metric([comm, proto], bin_)
-                size_out.add_metric([comm, proto], bout)
-                stitched.add_metric([comm, proto], n)
-            for (comm, proto), n in self._unframed.items():
-                unframed.add_metric([comm, proto], n)
+            for key, (bin_, bout, n) in self._bytes.items():
+                size_in.add_metric(list(key), bin_)
+                size_out.add_metric(list(key), bout)
+                stitched.add_metric(list(key), n)
+            for key, n in self._unframed.items():
+                unframed.add_metric(list(key), n)
         yield from (*families, size_in, size_out, stitched, unframed)
 
 
@@ -280,25 +291,27 @@ class EngineMetrics:
     tail's time went: the segments of the requests at or above the model's
     p99 duration (re-read from its histogram every SLOW_REFRESH requests)."""
 
-    def __init__(self):
+    def __init__(self, who: tuple[str, ...] = ("process",)):
+        self.who = who
         self.ttft = Histograms("gen_ai_server_time_to_first_token_seconds",
                                "Time to first token: first request byte in to the first output "
                                "(the first content event written, or the end of prefill)",
-                               ("process", "model"), TTFT_BUCKETS)
+                               (*who, "model"), TTFT_BUCKETS)
         self.tpot = Histograms("gen_ai_server_time_per_output_token_seconds",
-                               "Time per output token after the first", ("process", "model"), TPOT_BUCKETS)
+                               "Time per output token after the first", (*who, "model"), TPOT_BUCKETS)
         self.duration = Histograms("gen_ai_server_request_duration_seconds",
                                    "Inference request duration, seen from the network",
-                                   ("process", "model"), GENAI_DURATION_BUCKETS)
+                                   (*who, "model"), GENAI_DURATION_BUCKETS)
         self.batch = Histograms("sitsprobe_engine_batch_size", "Requests served per batched step",
                                 (), BATCH_BUCKETS)
-        self.cache: dict[tuple[str, str], list[int]] = {}  # (process, cache) -> [hits, misses]
-        self.tokens: dict[tuple[str, str, str], int] = {}  # (process, model, type) -> tokens
-        self.slow: dict[tuple[str, str], list] = {}  # (process, model) -> [p99 s, seen, seconds by segment]
+        self.cache: dict[tuple[str, ...], list[int]] = {}  # (*who, cache) -> [hits, misses]
+        self.tokens: dict[tuple[str, ...], int] = {}  # (*who, model, type) -> tokens
+        self.slow: dict[tuple[str, ...], list] = {}  # (*who, model) -> [p99 s, seen, seconds by segment]
 
-    def observe(self, r: Request) -> None:
+    def observe(self, r: Request, who: tuple[str, ...] | None = None) -> None:
+        """who: the request's values of the who labels (its process's name alone by default)."""
         g = r.genai
-        labels = (r.comm, g.request_model or g.response_model or "")
+        labels = (*(who or (r.comm,)), g.request_model or g.response_model or "")
         seconds = r.duration_ns / 1e9
         self.duration.observe(labels, seconds)
         if (ttft := r.ttft_ns) is not None:
@@ -312,10 +325,10 @@ class EngineMetrics:
         if r.segments is not None:
             self._slow(labels, seconds, r.segments)
         for c in r.inference.cache if r.inference is not None else ():
-            counts = self.cache.setdefault((r.comm, c.cache), [0, 0])
+            counts = self.cache.setdefault((*labels[:-1], c.cache), [0, 0])
             counts[0 if c.hit else 1] += 1
 
-    def _slow(self, labels: tuple[str, str], seconds: float, segments: tuple[int, ...]) -> None:
+    def _slow(self, labels: tuple[str, ...], seconds: float, segments: tuple[int, ...]) -> None:
         slow = self.slow.get(labels)
         if slow is None:
             slow = self.slow[labels] = [0.0, 0, [0.0] * len(SEGMENTS)]
@@ -329,22 +342,22 @@ class EngineMetrics:
     def families(self):
         lookups = CounterMetricFamily("sitsprobe_engine_cache_lookups",
                                       "Engine cache look-ups (prefix, completion), by result",
-                                      labels=("process", "cache", "result"))
+                                      labels=(*self.who, "cache", "result"))
         ratio = GaugeMetricFamily("sitsprobe_engine_cache_hit_ratio",
-                                  "Hits over look-ups since start", labels=("process", "cache"))
-        for (comm, cache), (hits, misses) in self.cache.items():
-            lookups.add_metric([comm, cache, "hit"], hits)
-            lookups.add_metric([comm, cache, "miss"], misses)
-            ratio.add_metric([comm, cache], hits / (hits + misses))
+                                  "Hits over look-ups since start", labels=(*self.who, "cache"))
+        for key, (hits, misses) in self.cache.items():
+            lookups.add_metric([*key, "hit"], hits)
+            lookups.add_metric([*key, "miss"], misses)
+            ratio.add_metric(list(key), hits / (hits + misses))
         tokens = CounterMetricFamily("gen_ai_server_tokens", "Tokens in and out (type: input, output), "
                                      "from the usage the server reported, or its stream events counted",
-                                     labels=("process", "model", "type"))
+                                     labels=(*self.who, "model", "type"))
         for key, n in self.tokens.items():
             tokens.add_metric(list(key), n)
         slow = CounterMetricFamily("sitsprobe_gen_ai_slow_tail_segment_seconds",
                                    "Of requests at or above their model's p99 duration, the seconds "
                                    "spent in each latency segment: where the slow tail's time goes",
-                                   labels=("process", "model", "segment"))
+                                   labels=(*self.who, "model", "segment"))
         for key, (_, _, by_segment) in self.slow.items():
             for name, v in zip(SEGMENTS, by_segment):
                 slow.add_metric([*key, name], v)

@@ -161,6 +161,7 @@ def running_agent(d: Path, select: dict, traces: dict, extra: dict, env: dict[st
                                          "max_per_second": 0, "cpu_budget": 0, **traces}.items() if v is not None},
             "metrics": {"address": "127.0.0.1", "port": metrics_port},
             "ring_buffer_mib": 64,
+            "kubernetes": {"metadata": "off"},  # whatever kubeconfig the machine has: not the test's
             **extra,
         }
         (d / "sitsprobe.yaml").write_text(yaml.safe_dump(config))

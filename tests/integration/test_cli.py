@@ -44,7 +44,7 @@ def test_run_stops_flushes_and_leaves_nothing_behind(tmp_path, stop):
         by = ["--port", str(server.port)] if stop == "SIGTERM" else ["--pid", str(server.pid)]
         args = ["run", *by, "--traces-file", str(traces.path), "--metrics-port", "0"]
         log = tmp_path / "agent.log"
-        agent = sitsprobe(*args, *(["--duration", "10"] if stop == "duration" else []),
+        agent = sitsprobe(*args, *(["--duration", "4"] if stop == "duration" else []),
                           log=log.open("w"))
         wait_until(lambda: "tracing 1 process" in log.read_text(), 60, "the agent to start")
         for i in range(5):

@@ -53,10 +53,13 @@ def test_what_the_kernel_counts_adds_up_to_the_clients_tally(agent):
         assert got["bytes_out"] == sum(e["bytes_out"] for e in tally)
         assert got["seen"] == len(tally)
         assert got["in_kernel"] >= 300, got  # all but the first of each, the idle ones and some sent early
+        def errors():  # spans reach the file after the metrics reach the scrape: waited for
+            return [s for s in agent.traces.for_port(server.port) if s["attrs"]["http.response.status_code"] == 503]
+        wait_until(lambda: len(errors()) >= want[503], 10, f"the {want[503]} errors' spans")
+        assert len(errors()) == want[503], "every error crosses and is traced, once"
         spans = agent.traces.for_port(server.port)
         assert len(spans) < len(tally) / 2, "the kernel sent only what the trace budget could take"
-        errors = [s for s in spans if s["attrs"]["http.response.status_code"] == 503]
-        assert len(errors) == want[503], "every error crosses and is traced"
     # the process exited: its kernel series are folded into its name's, nothing lost
     wait_until(lambda: not agent.tracks(server.pid), 10, "the server's exit to be seen")
     assert totals(agent)["status"] == want
+    assert agent.metric("sitsprobe_traces_total", outcome="sampled_out") >= 300  # the kernel kept them

@@ -84,6 +84,9 @@ def test_spans_and_process_info_name_the_pod_from_the_api(tmp_path):
             assert agent.metric("sitsprobe_tracked_process_info", pid=server.pid, namespace="inference",
                                 pod="vllm-7d9f8c6b5-x2k4q", container="vllm", owner_kind="Deployment",
                                 owner="vllm") == 1
+            # the series are the pod's: another pod of a "python" process would be another series
+            assert agent.metric("http_server_request_duration_seconds_count", process="python",
+                                namespace="inference", pod="vllm-7d9f8c6b5-x2k4q", container="vllm") == 5
             api.close()  # the API goes away: what is known stays
             time.sleep(3)
             requests(server.port, 3)
@@ -98,7 +101,8 @@ def test_spans_and_process_info_name_the_pod_from_the_api(tmp_path):
 def test_without_an_api_the_cgroup_names_the_pod(tmp_path):
     require_root()
     env = {"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)}  # no kubeconfig anywhere
-    with running_agent(tmp_path, {}, {}, {}, env=env) as agent, PodServer() as server:
+    auto = {"kubernetes": {"metadata": "auto"}}  # the default, which the other tests turn off
+    with running_agent(tmp_path, {}, {}, auto, env=env) as agent, PodServer() as server:
         wait_until(lambda: agent.tracks(server.pid), 10, "the agent to track the pod's server")
         requests(server.port, 2)
         resource = agent.traces.wait_for_port(server.port, 2)[0]["resource"]

@@ -371,3 +371,23 @@ def test_grpc_methods_past_the_cap_are_other():
     methods = {dict(k)["method"]: v for k, v in scrape(m)["rpc_server_call_duration_seconds_count"].items()}
     assert len(methods) == MAX_METHODS + 1 and methods["_OTHER"] == 3
 
+
+
+def test_with_pod_metadata_every_series_names_the_pod():
+    """Two pods of one process name on a node are two series (kubernetes.metadata)."""
+    m = RequestMetrics(pods=True)
+    pods = {4242: ("inference", "vllm-a", "vllm"), 4343: ("inference", "vllm-b", "vllm")}
+    m.who = lambda r: (r.comm, *pods[r.pid])
+    for r in (served(), served(pid=4343), served(pid=4343), call(), redis()):
+        m.observe(r._replace(segments=(1, 2, 3, 4, 5)))
+    got = scrape(m)
+    who = dict(process="api", namespace="inference", container="vllm")
+    assert got["http_server_request_duration_seconds_count"] == {
+        labels(**who, pod="vllm-a", method="GET", route="/v1/items/{id}", status="200"): 1,
+        labels(**who, pod="vllm-b", method="GET", route="/v1/items/{id}", status="200"): 2}
+    assert {dict(k)["pod"] for k in got["http_client_request_duration_seconds_count"]} == {"vllm-a"}
+    assert {dict(k)["pod"] for k in got["db_client_operation_duration_seconds_count"]} == {"vllm-a"}
+    assert got["sitsprobe_request_segment_seconds_count"][labels(**who, pod="vllm-b", segment="io")] == 2
+    assert got["sitsprobe_request_bytes_total"][labels(**who, pod="vllm-b", protocol="http/1.1")] == 600
+    # and without it, the process alone, as before
+    assert RequestMetrics().labels == ("process",)
