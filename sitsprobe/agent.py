@@ -114,7 +114,7 @@ class Agent:
         self.hooks: dict[str, str] = {}
         self.ready = False
         self.requests_seen = 0
-        self._shapes: dict[int, tuple[str, str]] = {}  # the kernel's shape -> (method, route) it stands for
+        self._shapes: dict[int, tuple[str, str] | None] = {}  # the kernel's shape -> (method, route)
         self.probe = None
         self.markers = None
         self._unprobed: set[int] = set()  # engines whose markers library could not be probed
@@ -546,14 +546,15 @@ class Agent:
         method and path, so each path a route folds (ids) would be a series
         of its own; those keep coming here."""
         if (r.protocol == http1.NAME and r.direction == "server" and r.method and r.route == r.path
-                and self.probe.bins is not None and self.probe.bins.learn(shape)):
-            self._shapes[shape] = (r.method, r.route)
+                and self.probe.bins is not None):
+            # None: the kernel's shapes map is full; not asked again for this one
+            self._shapes[shape] = (r.method, r.route) if self.probe.bins.learn(shape) else None
 
     def _bin_rows(self, pid: int | None = None, remove: bool = False):
         """The kernel's counts since the last look, labelled as the agent's own."""
         rows = []
         for d in self.probe.bins.deltas(pid, remove):
-            method, route = self._shapes.get(d.shape, ("_OTHER", "unknown"))
+            method, route = self._shapes.get(d.shape) or ("_OTHER", "unknown")
             who = self._who(d.tgid, self.tracked.get(d.tgid) or self.names.get(d.tgid, "?"))
             rows.append(((*who, method, route, str(d.status) if d.status else ""), d))
         return rows

@@ -65,18 +65,15 @@ class KernelBins:
         self._bins, self._shapes = bpf["bins"], bpf["shapes"]
         self._taken, self._sampling = bpf["taken"], bpf["sampling"]
         self._last: dict[tuple[int, int, int], tuple] = {}
-        self.known: set[int] = set()
 
     def learn(self, shape: int) -> bool:
         """Exchanges of this shape may be counted in the kernel from now on;
-        False: the map is full, and they go on crossing the ring."""
-        if shape in self.known:
-            return True
+        False: the map is full, and they go on crossing the ring. The agent
+        asks once per shape (it keeps what each stands for)."""
         key = self._shapes.Key(shape)
         one = self._shapes.Leaf(1)
         if self._lib.bpf_update_elem(self._shapes.map_fd, ct.byref(key), ct.byref(one), 0) != 0:
             return False
-        self.known.add(shape)
         return True
 
     def sample(self, everything: bool, rate: float, slow_ns: int) -> None:
