@@ -238,7 +238,7 @@ class StreamAgent(Agent):
     def wire_counts(self) -> dict[str, float]:
         """What the GenAI reading produced, and each loss reason."""
         m = scrape(self.port)
-        out = {"out_tokens": total(m, "gen_ai_server_tokens_total", type="output"),
+        out = {"out_tokens": total(m, "gen_ai_server_tokens_total", gen_ai_token_type="output"),
                "ttft": total(m, "gen_ai_server_time_to_first_token_seconds_count")}
         for labels, v in m.get("sitsprobe_events_lost_total", []):
             key = f"lost:{labels.get('reason', '?')}"

@@ -680,9 +680,12 @@ class Agent:
                     self._export(t)
                 self.losses.tick(now)  # a loss said as it starts, lasts and stops
                 next_flush = now + flush_every
-            if now >= next_second and self.probe.bins is not None:
-                self.metrics.take_bins(self._bin_rows)
-                self._kernel_sampling()
+            if now >= next_second:
+                if step := self.clock.follow():
+                    log.info("the wall clock moved %+.1f ms; exported times follow it", step / 1e6)
+                if self.probe.bins is not None:
+                    self.metrics.take_bins(self._bin_rows)
+                    self._kernel_sampling()
                 next_second = now + 1
             if now >= next_rescan:
                 self._rescan()

@@ -19,10 +19,12 @@ from ..quantile import histogram_quantile
 from ..request import Request
 from ..stitch.protocols import http1
 from ..stitch.segments import SEGMENTS
-from .semconv import (DB_CLIENT_DURATION, HTTP_CLIENT_DURATION, HTTP_DURATION, KNOWN_METHODS, OTHER,
-                      RPC_CLIENT_DURATION, RPC_SERVER_DURATION, UNFRAMED_EXCHANGES, grpc_method,
-                      grpc_status_name, is_client, is_grpc, is_http, is_redis, is_unframed,
-                      server_endpoint)
+from .semconv import (DB_CLIENT_DURATION, DB_OPERATION, DB_SYSTEM, GENAI_DURATION, GENAI_TOKENS,
+                      GENAI_TPOT, GENAI_TTFT, HTTP_CLIENT_DURATION, HTTP_DURATION, KNOWN_METHODS, METHOD,
+                      MODEL, OTHER, ROUTE, RPC_CLIENT_DURATION, RPC_METHOD, RPC_SERVER_DURATION,
+                      RPC_STATUS, RPC_SYSTEM, SERVER_ADDRESS, SERVER_PORT, STATUS, TOKEN_TYPE,
+                      UNFRAMED_EXCHANGES, grpc_method, grpc_status_name, is_client, is_grpc, is_http,
+                      is_redis, is_unframed, server_endpoint)
 
 # OpenTelemetry's advice for http.server.request.duration, in seconds
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -138,28 +140,28 @@ class RequestMetrics:
         self._http = Histograms(
             HTTP_DURATION,
             "Duration of HTTP server requests, first byte in to last byte out, seen in the kernel",
-            (*W, "method", "route", "status"), DURATION_BUCKETS)
-        servers = f"; server_address/server_port: the first {MAX_SERVERS} pairs a process called, " \
+            (*W, METHOD, ROUTE, STATUS), DURATION_BUCKETS)
+        servers = f"; {SERVER_ADDRESS}/{SERVER_PORT}: the first {MAX_SERVERS} pairs a process called, " \
                   f"the rest {FOLDED}"
         methods = f"; at most {MAX_METHODS} methods a process, the rest {OTHER}"
         self._http_client = Histograms(
             HTTP_CLIENT_DURATION,
             "Duration of HTTP requests a traced process sent, first byte out to last byte in" + servers,
-            (*W, "method", "server_address", "server_port", "status"), DURATION_BUCKETS)
+            (*W, METHOD, SERVER_ADDRESS, SERVER_PORT, STATUS), DURATION_BUCKETS)
         self._rpc_server = Histograms(
             RPC_SERVER_DURATION,
-            "Duration of gRPC calls served, first byte in to last byte out; status: the gRPC code's "
-            "name" + methods, (*W, "system", "method", "status"), DURATION_BUCKETS)
+            f"Duration of gRPC calls served, first byte in to last byte out; {RPC_STATUS}: the gRPC "
+            "code's name" + methods, (*W, RPC_SYSTEM, RPC_METHOD, RPC_STATUS), DURATION_BUCKETS)
         self._rpc_client = Histograms(
             RPC_CLIENT_DURATION,
-            "Duration of gRPC calls a traced process made, first byte out to last byte in; status: "
-            "the gRPC code's name" + methods, (*W, "system", "method", "status"), DURATION_BUCKETS)
+            f"Duration of gRPC calls a traced process made, first byte out to last byte in; {RPC_STATUS}: "
+            "the gRPC code's name" + methods, (*W, RPC_SYSTEM, RPC_METHOD, RPC_STATUS), DURATION_BUCKETS)
         self._db_client = Histograms(
             DB_CLIENT_DURATION,
-            "Duration of Redis commands a traced process sent (operation: the first command of an "
+            f"Duration of Redis commands a traced process sent ({DB_OPERATION}: the first command of an "
             "exchange), first byte out to last byte in" + servers
             + f"; at most {MAX_METHODS} operations a process, the rest {OTHER}",
-            (*W, "system", "operation", "server_address", "server_port"), DURATION_BUCKETS)
+            (*W, DB_SYSTEM, DB_OPERATION, SERVER_ADDRESS, SERVER_PORT), DURATION_BUCKETS)
         # each metric's traffic-made labels, bounded per process
         self._http_servers = LabelCap(MAX_SERVERS, (FOLDED, FOLDED))
         self._db_servers = LabelCap(MAX_SERVERS, (FOLDED, FOLDED))
@@ -293,15 +295,15 @@ class EngineMetrics:
 
     def __init__(self, who: tuple[str, ...] = ("process",)):
         self.who = who
-        self.ttft = Histograms("gen_ai_server_time_to_first_token_seconds",
+        self.ttft = Histograms(GENAI_TTFT,
                                "Time to first token: first request byte in to the first output "
                                "(the first content event written, or the end of prefill)",
-                               (*who, "model"), TTFT_BUCKETS)
-        self.tpot = Histograms("gen_ai_server_time_per_output_token_seconds",
-                               "Time per output token after the first", (*who, "model"), TPOT_BUCKETS)
-        self.duration = Histograms("gen_ai_server_request_duration_seconds",
+                               (*who, MODEL), TTFT_BUCKETS)
+        self.tpot = Histograms(GENAI_TPOT,
+                               "Time per output token after the first", (*who, MODEL), TPOT_BUCKETS)
+        self.duration = Histograms(GENAI_DURATION,
                                    "Inference request duration, seen from the network",
-                                   (*who, "model"), GENAI_DURATION_BUCKETS)
+                                   (*who, MODEL), GENAI_DURATION_BUCKETS)
         self.batch = Histograms("sitsprobe_engine_batch_size", "Requests served per batched step",
                                 (), BATCH_BUCKETS)
         self.cache: dict[tuple[str, ...], list[int]] = {}  # (*who, cache) -> [hits, misses]
@@ -349,15 +351,15 @@ class EngineMetrics:
             lookups.add_metric([*key, "hit"], hits)
             lookups.add_metric([*key, "miss"], misses)
             ratio.add_metric(list(key), hits / (hits + misses))
-        tokens = CounterMetricFamily("gen_ai_server_tokens", "Tokens in and out (type: input, output), "
+        tokens = CounterMetricFamily(GENAI_TOKENS, f"Tokens in and out ({TOKEN_TYPE}: input, output), "
                                      "from the usage the server reported, or its stream events counted",
-                                     labels=(*self.who, "model", "type"))
+                                     labels=(*self.who, MODEL, TOKEN_TYPE))
         for key, n in self.tokens.items():
             tokens.add_metric(list(key), n)
         slow = CounterMetricFamily("sitsprobe_gen_ai_slow_tail_segment_seconds",
                                    "Of requests at or above their model's p99 duration, the seconds "
                                    "spent in each latency segment: where the slow tail's time goes",
-                                   labels=(*self.who, "model", "segment"))
+                                   labels=(*self.who, MODEL, "segment"))
         for key, (_, _, by_segment) in self.slow.items():
             for name, v in zip(SEGMENTS, by_segment):
                 slow.add_metric([*key, name], v)
@@ -399,7 +401,7 @@ class KernelMetrics:
         requests = CounterMetricFamily(
             "sitsprobe_http_server_requests",
             "HTTP responses sent, counted in the kernel (exact even when events are lost)",
-            labels=("pid", "process", "status"))
+            labels=("pid", "process", STATUS))
         for (pid, name, status), n in sorted(self._status().items()):
             requests.add_metric([pid, name, str(status)], n)
         yield requests

@@ -37,6 +37,38 @@ RPC_SERVER_DURATION = "rpc_server_call_duration_seconds"
 RPC_CLIENT_DURATION = "rpc_client_call_duration_seconds"
 DB_CLIENT_DURATION = "db_client_operation_duration_seconds"
 UNFRAMED_EXCHANGES = "sitsprobe_unframed_exchanges"  # by protocol: what no protocol framed
+GENAI_TTFT = "gen_ai_server_time_to_first_token_seconds"
+GENAI_TPOT = "gen_ai_server_time_per_output_token_seconds"
+GENAI_DURATION = "gen_ai_server_request_duration_seconds"
+GENAI_TOKENS = "gen_ai_server_tokens"  # a counter: the conventions have none for a server's tokens
+# The conventions' metrics as OTLP names them, and their units (otlp_metrics):
+# Prometheus spells each the way the Collector's remote write translates it back.
+OTLP_NAMES = {
+    HTTP_DURATION: ("http.server.request.duration", "s"),
+    HTTP_CLIENT_DURATION: ("http.client.request.duration", "s"),
+    RPC_SERVER_DURATION: ("rpc.server.call.duration", "s"),
+    RPC_CLIENT_DURATION: ("rpc.client.call.duration", "s"),
+    DB_CLIENT_DURATION: ("db.client.operation.duration", "s"),
+    GENAI_TTFT: ("gen_ai.server.time_to_first_token", "s"),
+    GENAI_TPOT: ("gen_ai.server.time_per_output_token", "s"),
+    GENAI_DURATION: ("gen_ai.server.request.duration", "s"),
+    GENAI_TOKENS: ("gen_ai.server.tokens", "{token}"),
+}
+# The metrics' labels that are the conventions' attributes, as Prometheus spells
+# them (dots as underscores) -> the attribute, as OTLP carries it. The labels
+# that are not (process, pid, namespace, pod, container, ...) are the same both ways.
+METHOD, ROUTE, STATUS = "http_request_method", "http_route", "http_response_status_code"
+SERVER_ADDRESS, SERVER_PORT = "server_address", "server_port"
+RPC_SYSTEM, RPC_METHOD, RPC_STATUS = "rpc_system_name", "rpc_method", "rpc_response_status_code"
+DB_SYSTEM, DB_OPERATION = "db_system_name", "db_operation_name"
+MODEL, TOKEN_TYPE = "gen_ai_request_model", "gen_ai_token_type"
+LABEL_ATTRIBUTES = {
+    METHOD: "http.request.method", ROUTE: "http.route", STATUS: "http.response.status_code",
+    SERVER_ADDRESS: "server.address", SERVER_PORT: "server.port",
+    RPC_SYSTEM: "rpc.system.name", RPC_METHOD: "rpc.method", RPC_STATUS: "rpc.response.status_code",
+    DB_SYSTEM: "db.system.name", DB_OPERATION: "db.operation.name",
+    MODEL: "gen_ai.request.model", TOKEN_TYPE: "gen_ai.token.type",
+}
 # a request's latency segments (stitch.segments), seconds, in SEGMENTS order: they add up to its duration
 LATENCY_ATTRIBUTES = tuple(f"sitsprobe.latency.{name}_s" for name in SEGMENTS)
 # gRPC's canonical status codes, by number (grpc/doc/statuscodes.md)

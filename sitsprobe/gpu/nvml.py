@@ -69,7 +69,7 @@ class NvmlSampler:
         self.interval_s = interval_s
         self._runner = CallRunner(call_timeout_s)
         self._retry_ns, self._slow_ns = int(retry_s * 1e9), int(slow_interval_s * 1e9)
-        self._offset_ns = (clock or WallClock()).offset_ns  # wall - monotonic, measured once
+        self._clock = clock or WallClock()  # NVML stamps in wall-clock µs
         self._now = monotonic_ns
         self._gpus: list[_Gpu] = []
         self._opened = False
@@ -270,7 +270,7 @@ class NvmlSampler:
             self._errors[(gpu, name)] = self._errors.get((gpu, name), 0) + 1
 
     def _mono(self, wall_us: int) -> int:
-        return wall_us * 1000 - self._offset_ns
+        return wall_us * 1000 - self._clock.offset_ns
 
     def _free_gpm(self, g: _Gpu) -> None:
         for s in g.gpm:

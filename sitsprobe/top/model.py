@@ -218,7 +218,7 @@ class _Delta:
 
 def _http(d: _Delta, seconds: float) -> list[HttpRow]:
     """By process: responses from the kernel's exact counter, latency from the histogram."""
-    counts = d.by("sitsprobe_http_server_requests_total", "process", "status")
+    counts = d.by("sitsprobe_http_server_requests_total", "process", "http_response_status_code")
     pids: dict[str, set[str]] = defaultdict(set)
     for labels in d.cur.series("sitsprobe_http_server_requests_total"):
         lab = dict(labels)
@@ -241,9 +241,9 @@ def _http(d: _Delta, seconds: float) -> list[HttpRow]:
 def _engine(d: _Delta, seconds: float) -> list[EngineRow]:
     """By (process, model), every model any GenAI series names: a model with
     requests but no token timings shows None there, and so on."""
-    keys = ("process", "model")
+    keys = ("process", "gen_ai_request_model")
     requests = d.by("gen_ai_server_request_duration_seconds_count", *keys)
-    output = {(p, m): n for (p, m, t), n in d.by("gen_ai_server_tokens_total", *keys, "type").items()
+    output = {(p, m): n for (p, m, t), n in d.by("gen_ai_server_tokens_total", *keys, "gen_ai_token_type").items()
               if t == "output"}
     ttft = d.quantiles("gen_ai_server_time_to_first_token_seconds", (0.5, 0.99), *keys)
     tpot = d.quantiles("gen_ai_server_time_per_output_token_seconds", (0.5, 0.99), *keys)

@@ -77,7 +77,7 @@ def test_grpc_calls_are_one_span_each_with_method_and_status(agent):
         counted = collections.Counter()
         for method, status in seen:
             counted[method, status] = agent.metric("rpc_server_call_duration_seconds_count", page,
-                                                   method=method, status=status)
+                                                   rpc_method=method, rpc_response_status_code=status)
         assert counted == seen
 
 

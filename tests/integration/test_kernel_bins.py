@@ -21,7 +21,7 @@ def totals(agent) -> dict:
     by_status = Counter()
     for status in (200, 404, 503):
         by_status[status] = agent.metric("http_server_request_duration_seconds_count", page,
-                                         process="python", status=status)
+                                         process="python", http_response_status_code=status)
     return {"status": by_status,
             "segments": {s: agent.metric("sitsprobe_request_segment_seconds_count", page, process="python",
                                          segment=s) for s in ("network", "scheduling", "compute", "io", "cache")},

@@ -43,7 +43,7 @@ def test_request_counter_equals_the_load_tools_tally_under_saturation(agent, ngi
 
     def stitched():
         return agent.metric("http_server_request_duration_seconds_count",
-                            process="nginx", route="/index.html")
+                            process="nginx", http_route="/index.html")
 
     lost = agent.metric("sitsprobe_events_lost_total", reason="ring_buffer_full")
     wait_until(lambda: stitched() + lost >= complete, 60, "the agent to stitch every reported request")

@@ -228,8 +228,8 @@ def test_metrics_and_otlp_receiver_agree_with_the_file(agent):
                                                  pid=server.pid) == 17 or None,
                             5, "the kernel request count")
         assert kernel
-    assert agent.metric("http_server_request_duration_seconds_count", route="/metered/{id}",
-                        method="GET", status="200") == 17
+    assert agent.metric("http_server_request_duration_seconds_count", http_route="/metered/{id}",
+                        http_request_method="GET", http_response_status_code="200") == 17
     assert agent.metric("sitsprobe_events_lost_total") == 0
     ids = {s["spanId"] for s in spans}
     got = wait_until(lambda: (r := {s.span_id.hex() for _, s in agent.receiver.spans()}) >= ids and r,

@@ -308,7 +308,7 @@ def test_unframed_traffic_is_no_http_request(unframed, peer):
     _, names, spans = peers[peer]
     fake = [(n, labels) for n, labels, _ in samples(scrape, "http_server_request_duration_seconds")
             if labels.get("process") in names]
-    empty = [(n, labels) for n, labels in fake if not labels.get("method") or not labels.get("status")]
+    empty = [(n, labels) for n, labels in fake if not labels.get("http_request_method") or not labels.get("http_response_status_code")]
     assert not empty, f"HTTP request samples with an empty method or status for the {peer} server: {empty[:4]}"
     assert not fake, f"HTTP request samples for the {peer} server, whose bytes are no HTTP/1.1: {fake[:4]}"
     claimed = [s["name"] for s in spans if s["attrs"].get("network.protocol.version") == "1.1"]

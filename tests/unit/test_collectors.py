@@ -910,7 +910,7 @@ def test_each_dashboard_shows_what_it_is_for():
                             for t in p.get("targets", []))
              for file, b in dashboards().items()}
     want = {
-        "inference-requests.json": ["http_server_request_duration_seconds_bucket", "by (route, status)",
+        "inference-requests.json": ["http_server_request_duration_seconds_bucket", "by (http_route, http_response_status_code)",
                                     "sitsprobe_http_server_requests_total", "sitsprobe_engine_batch_size",
                                     "gen_ai_server_time_to_first_token_seconds", "resource.service.name"],
         "caches.json": ["sum by (prefix)", 'result="miss"', "sitsprobe_cache_lookup_duration_seconds_bucket"],

@@ -300,22 +300,22 @@ def test_each_kind_of_request_feeds_its_own_histogram():
         m.observe(r)
     got = scrape(m)
     assert got["http_server_request_duration_seconds_count"] == {
-        labels(process="api", method="GET", route="/v1/items/{id}", status="200"): 2}  # HTTP/1.1 and /2
+        labels(process="api", http_request_method="GET", http_route="/v1/items/{id}", http_response_status_code="200"): 2}  # HTTP/1.1 and /2
     assert got["http_client_request_duration_seconds_count"] == {
-        labels(process="api", method="GET", server_address="10.0.0.7", server_port="8080", status="200"): 1,
-        labels(process="api", method="GET", server_address="10.0.0.7", server_port="8080", status="404"): 1,
-        labels(process="api", method="GET", server_address="api.example.com", server_port="443",
-               status="200"): 1}
+        labels(process="api", http_request_method="GET", server_address="10.0.0.7", server_port="8080", http_response_status_code="200"): 1,
+        labels(process="api", http_request_method="GET", server_address="10.0.0.7", server_port="8080", http_response_status_code="404"): 1,
+        labels(process="api", http_request_method="GET", server_address="api.example.com", server_port="443",
+               http_response_status_code="200"): 1}
     method = "shop.v1.Catalog/GetItem"
     assert got["rpc_server_call_duration_seconds_count"] == {
-        labels(process="api", system="grpc", method=method, status="NOT_FOUND"): 1}
+        labels(process="api", rpc_system_name="grpc", rpc_method=method, rpc_response_status_code="NOT_FOUND"): 1}
     assert got["rpc_client_call_duration_seconds_count"] == {
-        labels(process="api", system="grpc", method=method, status="OK"): 1}
+        labels(process="api", rpc_system_name="grpc", rpc_method=method, rpc_response_status_code="OK"): 1}
     assert got["db_client_operation_duration_seconds_count"] == {  # the Redis server's request is not a call
-        labels(process="api", system="redis", operation="GET", server_address="10.0.0.8",
+        labels(process="api", db_system_name="redis", db_operation_name="GET", server_address="10.0.0.8",
                server_port="6379"): 1}
     assert got["db_client_operation_duration_seconds_sum"] == {
-        labels(process="api", system="redis", operation="GET", server_address="10.0.0.8",
+        labels(process="api", db_system_name="redis", db_operation_name="GET", server_address="10.0.0.8",
                server_port="6379"): pytest.approx(0.02)}
 
 
@@ -355,8 +355,8 @@ def test_server_pairs_past_the_cap_fold_into_other_per_process():
     assert len(mine) == MAX_SERVERS + 1
     assert mine["9000"] == 2 and mine[FOLDED] == 3 and "9065" not in mine
     assert all(dict(k)["server_address"] == FOLDED for k in http if dict(k)["server_port"] == FOLDED)
-    assert http[labels(process="worker", method="GET", server_address="10.0.0.7", server_port="9999",
-                       status="200")] == 1
+    assert http[labels(process="worker", http_request_method="GET", server_address="10.0.0.7", server_port="9999",
+                       http_response_status_code="200")] == 1
     db = {dict(k)["server_port"]: v for k, v in got["db_client_operation_duration_seconds_count"].items()}
     assert len(db) == MAX_SERVERS + 1 and db[FOLDED] == 1
     help_text = generate_latest(_registry(m)).decode()
@@ -368,7 +368,7 @@ def test_grpc_methods_past_the_cap_are_other():
     for i in range(MAX_METHODS + 2):
         m.observe(grpc(0, path=f"/shop.v1.Catalog/Get{i}"))
     m.observe(grpc(0, path="/"))  # not a method at all
-    methods = {dict(k)["method"]: v for k, v in scrape(m)["rpc_server_call_duration_seconds_count"].items()}
+    methods = {dict(k)["rpc_method"]: v for k, v in scrape(m)["rpc_server_call_duration_seconds_count"].items()}
     assert len(methods) == MAX_METHODS + 1 and methods["_OTHER"] == 3
 
 
@@ -383,8 +383,8 @@ def test_with_pod_metadata_every_series_names_the_pod():
     got = scrape(m)
     who = dict(process="api", namespace="inference", container="vllm")
     assert got["http_server_request_duration_seconds_count"] == {
-        labels(**who, pod="vllm-a", method="GET", route="/v1/items/{id}", status="200"): 1,
-        labels(**who, pod="vllm-b", method="GET", route="/v1/items/{id}", status="200"): 2}
+        labels(**who, pod="vllm-a", http_request_method="GET", http_route="/v1/items/{id}", http_response_status_code="200"): 1,
+        labels(**who, pod="vllm-b", http_request_method="GET", http_route="/v1/items/{id}", http_response_status_code="200"): 2}
     assert {dict(k)["pod"] for k in got["http_client_request_duration_seconds_count"]} == {"vllm-a"}
     assert {dict(k)["pod"] for k in got["db_client_operation_duration_seconds_count"]} == {"vllm-a"}
     assert got["sitsprobe_request_segment_seconds_count"][labels(**who, pod="vllm-b", segment="io")] == 2

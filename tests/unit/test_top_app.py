@@ -48,11 +48,11 @@ class Agent:
 
 def genai_counters(tokens_in: int, tokens_out: int, slow_tail: dict[str, float]) -> str:
     """The page lines of the token and slow-tail counters of the fixtures' one model."""
-    labels = 'model="sitsprobe-tiny-gpt",process="python"'
+    labels = 'gen_ai_request_model="sitsprobe-tiny-gpt",process="python"'
     return "\n".join([
         "# TYPE gen_ai_server_tokens counter",
-        f'gen_ai_server_tokens_total{{{labels},type="input"}} {tokens_in}',
-        f'gen_ai_server_tokens_total{{{labels},type="output"}} {tokens_out}',
+        f'gen_ai_server_tokens_total{{{labels},gen_ai_token_type="input"}} {tokens_in}',
+        f'gen_ai_server_tokens_total{{{labels},gen_ai_token_type="output"}} {tokens_out}',
         "# TYPE sitsprobe_gen_ai_slow_tail_segment_seconds counter",
         *(f'sitsprobe_gen_ai_slow_tail_segment_seconds_total{{{labels},segment="{segment}"}} {seconds}'
           for segment, seconds in slow_tail.items()), ""])
@@ -246,7 +246,7 @@ def test_the_timer_scrapes_on_its_own_and_q_quits():
 def test_labels_are_escaped():
     agent = with_genai_counters(Agent("metrics1.txt", "metrics2.txt"))
     agent.pages = [p.replace('process="python"', 'process="[bold]py"')
-                   .replace('model="sitsprobe-tiny-gpt"', 'model="[i]x"') for p in agent.pages]
+                   .replace('gen_ai_request_model="sitsprobe-tiny-gpt"', 'gen_ai_request_model="[i]x"') for p in agent.pages]
     body = screen(agent)[1]  # escaped: not eaten as markup
     assert "[bold]py[21859]" in body
     assert "\n[bold]py  prefix cache 100.0% hits" in body and "\n  [i]x    " in body

@@ -37,10 +37,11 @@ def test_parse_keeps_each_sample_by_its_labels():
     assert snap.at == 5.0
     assert snap.series("sitsprobe_events_received_total") == {(): 169.0}
     assert snap.series("sitsprobe_http_server_requests_total") == {
-        (("pid", "21859"), ("process", "python"), ("status", "200")): 169.0}
+        (("http_response_status_code", "200"), ("pid", "21859"), ("process", "python")): 169.0}
     buckets = snap.series("http_server_request_duration_seconds_bucket")
-    assert len(buckets) == 15 and buckets[(("le", "+Inf"), ("method", "POST"), ("process", "python"),
-                                           ("route", "/v1/chat/completions"), ("status", "200"))] == 168.0
+    assert len(buckets) == 15 and buckets[(
+        ("http_request_method", "POST"), ("http_response_status_code", "200"), ("http_route", "/v1/chat/completions"),
+        ("le", "+Inf"), ("process", "python"))] == 168.0
 
 
 def test_parse_rejects_a_page_that_is_not_prometheus_text():
@@ -92,24 +93,24 @@ def test_prefix_cache_by_process(view):
 
 GENAI_PAGE = """\
 # TYPE gen_ai_server_request_duration_seconds histogram
-gen_ai_server_request_duration_seconds_bucket{{le="1.0",model="[org]/7b",process="vllm"}} {fast}
-gen_ai_server_request_duration_seconds_bucket{{le="+Inf",model="[org]/7b",process="vllm"}} {requests}
-gen_ai_server_request_duration_seconds_count{{model="[org]/7b",process="vllm"}} {requests}
-gen_ai_server_request_duration_seconds_sum{{model="[org]/7b",process="vllm"}} 1.0
+gen_ai_server_request_duration_seconds_bucket{{le="1.0",gen_ai_request_model="[org]/7b",process="vllm"}} {fast}
+gen_ai_server_request_duration_seconds_bucket{{le="+Inf",gen_ai_request_model="[org]/7b",process="vllm"}} {requests}
+gen_ai_server_request_duration_seconds_count{{gen_ai_request_model="[org]/7b",process="vllm"}} {requests}
+gen_ai_server_request_duration_seconds_sum{{gen_ai_request_model="[org]/7b",process="vllm"}} 1.0
 # TYPE gen_ai_server_tokens counter
-gen_ai_server_tokens_total{{model="[org]/7b",process="vllm",type="input"}} {input}
-gen_ai_server_tokens_total{{model="[org]/7b",process="vllm",type="output"}} {output}
+gen_ai_server_tokens_total{{gen_ai_request_model="[org]/7b",process="vllm",gen_ai_token_type="input"}} {input}
+gen_ai_server_tokens_total{{gen_ai_request_model="[org]/7b",process="vllm",gen_ai_token_type="output"}} {output}
 # TYPE sitsprobe_gen_ai_slow_tail_segment_seconds counter
-sitsprobe_gen_ai_slow_tail_segment_seconds_total{{model="[org]/7b",process="vllm",segment="network"}} {network}
-sitsprobe_gen_ai_slow_tail_segment_seconds_total{{model="[org]/7b",process="vllm",segment="scheduling"}} {sched}
-sitsprobe_gen_ai_slow_tail_segment_seconds_total{{model="[org]/7b",process="vllm",segment="compute"}} {compute}
-sitsprobe_gen_ai_slow_tail_segment_seconds_total{{model="[org]/7b",process="vllm",segment="io"}} 0
-sitsprobe_gen_ai_slow_tail_segment_seconds_total{{model="tiny",process="python",segment="compute"}} 2.5
+sitsprobe_gen_ai_slow_tail_segment_seconds_total{{gen_ai_request_model="[org]/7b",process="vllm",segment="network"}} {network}
+sitsprobe_gen_ai_slow_tail_segment_seconds_total{{gen_ai_request_model="[org]/7b",process="vllm",segment="scheduling"}} {sched}
+sitsprobe_gen_ai_slow_tail_segment_seconds_total{{gen_ai_request_model="[org]/7b",process="vllm",segment="compute"}} {compute}
+sitsprobe_gen_ai_slow_tail_segment_seconds_total{{gen_ai_request_model="[org]/7b",process="vllm",segment="io"}} 0
+sitsprobe_gen_ai_slow_tail_segment_seconds_total{{gen_ai_request_model="tiny",process="python",segment="compute"}} 2.5
 # TYPE gen_ai_server_time_to_first_token_seconds histogram
-gen_ai_server_time_to_first_token_seconds_bucket{{le="0.1",model="tiny",process="python"}} {ttft_fast}
-gen_ai_server_time_to_first_token_seconds_bucket{{le="+Inf",model="tiny",process="python"}} {ttft}
-gen_ai_server_time_to_first_token_seconds_count{{model="tiny",process="python"}} {ttft}
-gen_ai_server_time_to_first_token_seconds_sum{{model="tiny",process="python"}} 1.0
+gen_ai_server_time_to_first_token_seconds_bucket{{le="0.1",gen_ai_request_model="tiny",process="python"}} {ttft_fast}
+gen_ai_server_time_to_first_token_seconds_bucket{{le="+Inf",gen_ai_request_model="tiny",process="python"}} {ttft}
+gen_ai_server_time_to_first_token_seconds_count{{gen_ai_request_model="tiny",process="python"}} {ttft}
+gen_ai_server_time_to_first_token_seconds_sum{{gen_ai_request_model="tiny",process="python"}} 1.0
 # TYPE sitsprobe_engine_cache_lookups counter
 sitsprobe_engine_cache_lookups_total{{cache="prefix",process="python",result="hit"}} {hits}
 sitsprobe_engine_cache_lookups_total{{cache="prefix",process="python",result="miss"}} {misses}
@@ -178,8 +179,8 @@ sitsprobe_cache_lookups_total{{cache="redis",prefix="user:",result="hit"}} {0}
 sitsprobe_cache_lookups_total{{cache="redis",prefix="user:",result="miss"}} {1}
 sitsprobe_cache_lookups_total{{cache="redis",prefix="session:",result="miss"}} {2}
 # TYPE sitsprobe_http_server_requests_total counter
-sitsprobe_http_server_requests_total{{pid="7",process="[worker]",status="200"}} {3}
-sitsprobe_http_server_requests_total{{pid="7",process="[worker]",status="503"}} {4}
+sitsprobe_http_server_requests_total{{pid="7",process="[worker]",http_response_status_code="200"}} {3}
+sitsprobe_http_server_requests_total{{pid="7",process="[worker]",http_response_status_code="503"}} {4}
 # TYPE sitsprobe_events_lost_total counter
 sitsprobe_events_lost_total{{reason="ring_buffer_full"}} {5}
 sitsprobe_events_lost_total{{reason="connection_table_full"}} 0
@@ -248,9 +249,9 @@ def test_a_process_that_exits_is_no_spike_and_no_pid():
     """Its series go and its counts join its name's totals (pid ""): the
     rate is what was answered in the interval, and the row names live pids only."""
     name = "sitsprobe_http_server_requests_total"
-    before = parse(f'{name}{{pid="7",process="py",status="200"}} 100\n'
-                   f'{name}{{pid="8",process="py",status="200"}} 50\n', 0)
-    after = parse(f'{name}{{pid="",process="py",status="200"}} 104\n'
-                  f'{name}{{pid="8",process="py",status="200"}} 56\n', 2)
+    before = parse(f'{name}{{pid="7",process="py",http_response_status_code="200"}} 100\n'
+                   f'{name}{{pid="8",process="py",http_response_status_code="200"}} 50\n', 0)
+    after = parse(f'{name}{{pid="",process="py",http_response_status_code="200"}} 104\n'
+                  f'{name}{{pid="8",process="py",http_response_status_code="200"}} 56\n', 2)
     (row,) = diff(before, after, 2.0).http
     assert (row.process, row.pids, row.rate) == ("py", ("8",), 5.0)
