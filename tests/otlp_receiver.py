@@ -137,21 +137,27 @@ class _Metrics(_Service, MetricsServiceServicer):
 
     def point_count(self) -> int:
         """Data points received, every export and metric."""
-        return sum(len((m.sum if m.HasField("sum") else m.gauge).data_points)
+        return sum(len(getattr(m, m.WhichOneof("data")).data_points)
                    for req in list(self.requests) for rm in req.resource_metrics
                    for sm in rm.scope_metrics for m in sm.metrics)
 
-    def points(self, name: str) -> list[tuple[dict, float]]:
-        """(attributes, value) of the data points of metric `name`, in the last export that has it."""
+    def metric(self, name: str):
+        """Metric `name` (its proto) as the last export that has it sent it; None if none did."""
         for req in reversed(self.requests):
             for rm in req.resource_metrics:
                 for sm in rm.scope_metrics:
                     for m in sm.metrics:
                         if m.name == name:
-                            data = m.sum if m.HasField("sum") else m.gauge
-                            return [(attributes(p.attributes), p.as_double or p.as_int)
-                                    for p in data.data_points]
-        return []
+                            return m
+        return None
+
+    def points(self, name: str) -> list[tuple[dict, float]]:
+        """(attributes, value) of the data points of sum or gauge `name`, in the last export that has it."""
+        m = self.metric(name)
+        if m is None:
+            return []
+        data = m.sum if m.HasField("sum") else m.gauge
+        return [(attributes(p.attributes), p.as_double or p.as_int) for p in data.data_points]
 
 
 class _Logs(_Service, LogsServiceServicer):

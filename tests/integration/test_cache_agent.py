@@ -99,7 +99,7 @@ def test_preset_and_resp_mode_count_what_redis_counts(agent, redis):
                 assert counted(cache, prefix, result) == want, (cache, prefix, result)
 
     def otlp(prefix, result):  # the same counters, over OTLP metrics to a real receiver
-        return sum(v for a, v in agent.receiver.metrics.points("sitsprobe_cache_lookups_total")
+        return sum(v for a, v in agent.receiver.metrics.points("sitsprobe_cache_lookups")
                    if a == {"cache": "redis", "prefix": prefix, "result": result})
 
     want = sum(n for (p, _, h), n in tally.items() if p == "user" and h)
