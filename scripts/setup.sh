@@ -15,7 +15,8 @@ fi
 
 packages=(python3-bpfcc bpfcc-tools bpftool systemtap-sdt-dev nginx-light apache2-utils wrk redis-server
           openssl     # the TLS tests' self-signed certificates
-          prometheus) # promtool: the alerting rules and the dashboards' PromQL
+          prometheus  # promtool and a live Prometheus: the alerting rules and the dashboards' PromQL
+          podman runc mmdebstrap iptables)  # scripts/image.sh: the image built from Debian and run
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
