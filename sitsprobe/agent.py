@@ -21,9 +21,12 @@ from .events import CF_BINNED, Chunk, Exchange, MarkerEvent, ProcessNotice
 from .export import otlp_settings
 from .export.otlp import TraceExporter, within
 from .export.prom import (
+    FOLDED,
+    PROCESS,
     Http2Metrics,
     JoinMetrics,
     KernelMetrics,
+    LabelCap,
     RequestMetrics,
     SignalAccounting,
     SpanAccounting,
@@ -85,9 +88,10 @@ class Agent:
                 "nothing to trace: give --pid, --comm, --cmdline or --port, or a --cache-probe "
                 "on a program, or set select.* in the config file")
         self.clock = WallClock()
-        self.metrics = RequestMetrics(pods=self._pods_wanted())
-        self.metrics.who = lambda r: self._who(r.pid, r.comm)
-        self._pod_of: dict[int, tuple[str, str, str]] = {}  # pid -> its namespace, pod, container, once known
+        self.metrics = RequestMetrics(self._series_labels())
+        self.metrics.who_of = lambda r: self._who(r.pid, r.comm)
+        self._pod_of: dict[int, tuple[str, ...]] = {}  # pid -> its pod's values of the labels, once known
+        self._pods_named = LabelCap(config.kubernetes.max_pods, FOLDED)  # pods the series name
         self.sampler = TraceSampler(config.traces.max_per_second, config.traces.keep_slowest,
                                     cpu_budget=config.traces.cpu_budget)
         self.joiner = Joiner(config.stitch.join_wait_ms * 1_000_000)
@@ -209,22 +213,28 @@ class Agent:
         log.info("pods of node %s named from the Kubernetes API (%s)", w.node, where)
         return w
 
-    def _pods_wanted(self) -> bool:
-        """Whether series carry namespace, pod and container (kubernetes.metadata)."""
+    def _series_labels(self) -> tuple[str, ...]:
+        """Whose a request series is: process and, with pod metadata
+        (kubernetes.metadata), the pod's labels kubernetes.metric_labels names."""
         from .workloads import api_configured
-        k = self.config.kubernetes.metadata
-        return k == "on" or (k == "auto" and api_configured() is not None)
+        k = self.config.kubernetes
+        on = k.metadata == "on" or (k.metadata == "auto" and api_configured() is not None)
+        return PROCESS + k.metric_labels if on else PROCESS
 
     def _who(self, pid: int, comm: str) -> tuple[str, ...]:
-        """A process's values of the metrics' who labels (RequestMetrics.labels)."""
-        if len(self.metrics.labels) == 1:
+        """A process's values of the series' labels (RequestMetrics.labels);
+        past kubernetes.max_pods pods, a new one's name is _other."""
+        labels = self.metrics.labels[1:]
+        if not labels:
             return (comm,)
         pod = self._pod_of.get(pid)
         if pod is None:
             w = self.workload_of(pid)
             if w is None:
-                return (comm, "", "", "")
-            pod = self._pod_of[pid] = (w.namespace, w.pod, w.container)
+                return (comm, *("",) * len(labels))
+            values = {"namespace": w.namespace, "pod": self._pods_named("", w.pod), "container": w.container,
+                      "owner": f"{w.owner_kind}/{w.owner_name}" if w.owner_kind else ""}
+            pod = self._pod_of[pid] = tuple(values[name] for name in labels)
         return (comm, *pod)
 
     def workload_of(self, pid: int):

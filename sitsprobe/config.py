@@ -161,6 +161,8 @@ class Kubernetes:
     metadata: str  # auto, on, off
     node_name: str
     pod_labels: tuple[str, ...]
+    metric_labels: tuple[str, ...]
+    max_pods: int
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,7 @@ def _regex(v: Any) -> str:
 _regex.desc = "a regular expression (string)"  # type: ignore[attr-defined]
 
 
-def _list(item: Rule) -> Rule:
+def _list(item: Rule, unique: bool = False) -> Rule:
     def check(v: Any) -> tuple:
         if v is None:  # `pids:` with every item commented out
             return ()
@@ -257,8 +259,10 @@ def _list(item: Rule) -> Rule:
                 out.append(item(x))
             except _Bad as e:
                 raise _Bad(e.expected, e.got, f"[{i}]{e.suffix}") from None
+            if unique and out[-1] in out[:-1]:
+                raise _Bad(f"no item twice (item {out.index(out[-1])} is the same)", x, f"[{i}]")
         return tuple(out)
-    check.desc = f"a list of items, each {item.desc}"  # type: ignore[attr-defined]
+    check.desc = f"a list of {'distinct ' if unique else ''}items, each {item.desc}"  # type: ignore[attr-defined]
     return check
 
 
@@ -381,6 +385,8 @@ _RULES: dict[str, Rule] = {
     "kubernetes.metadata": _choice("auto", "on", "off"),
     "kubernetes.node_name": _str('a node name, or "" ($NODE_NAME, else the host name)', lambda s: True),
     "kubernetes.pod_labels": _list(_str("a label key (string)", lambda s: 1 <= len(s) <= 317)),
+    "kubernetes.metric_labels": _list(_choice("namespace", "pod", "container", "owner"), unique=True),
+    "kubernetes.max_pods": _int(1, 100000),
     "stitch.join_wait_ms": _int(0, 600000),
     "routes.templates": _list(_str('a string starting with "/"', lambda s: s.startswith("/"))),
     "routes.collapse_ids": _BOOL,

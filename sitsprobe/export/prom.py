@@ -47,8 +47,7 @@ SEGMENT_BUCKETS = (0.00001, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
 SLOW_REFRESH = 64  # observations between re-reading a model's p99 duration
 # Labels that come from the traffic, bounded per process (as routes are by
 # RouteMapper's max_routes): past this many distinct values, the rest fold.
-PROCESS = ("process",)  # who a request's series belong to: the process's name ...
-POD = ("namespace", "pod", "container")  # ... and, with pod metadata, its pod (sitsprobe.workloads)
+PROCESS = ("process",)  # who a request's series belong to: the process's name (and its pod's labels)
 MAX_SERVERS = 64  # (server_address, server_port) pairs a client metric keeps; then "_other"
 MAX_METHODS = 256  # gRPC methods, Redis commands; then "_OTHER"
 FOLDED = "_other"
@@ -131,12 +130,13 @@ class RequestMetrics:
     """A Collector over plain dicts: observing a request is a dict lookup and a
     bisect, cheap enough for every request at tens of thousands per second."""
 
-    def __init__(self, pods: bool = False):
-        """pods: every series by the pod and container too (kubernetes.metadata),
-        their values from who(request) (see sitsprobe.workloads)."""
+    def __init__(self, who: tuple[str, ...] = PROCESS):
+        """who: the labels that say whose every series is, process first (and,
+        with pod metadata, kubernetes.metric_labels), their values from
+        who_of(request)."""
         self._lock = threading.Lock()
-        W = self.labels = PROCESS + POD if pods else PROCESS
-        self.who: Callable[[Request], tuple[str, ...]] = lambda r: (r.comm,) + ("",) * (len(W) - 1)
+        W = self.labels = who
+        self.who_of: Callable[[Request], tuple[str, ...]] = lambda r: (r.comm,) + ("",) * (len(W) - 1)
         self._http = Histograms(
             HTTP_DURATION,
             "Duration of HTTP server requests, first byte in to last byte out, seen in the kernel",
@@ -203,7 +203,7 @@ class RequestMetrics:
             return self._http.quantile(q)
 
     def observe(self, r: Request) -> None:
-        w = self.who(r)
+        w = self.who_of(r)
         if r.binned:  # its HTTP, segment and byte metrics come from the kernel (take_bins)
             if r.genai is not None:
                 with self._lock:

@@ -219,6 +219,8 @@ def test_bad_list_item_index(tmp_path):
     ("routes:\n  templates: [v1/models]\n", "routes.templates[0]"),
     ("capture:\n  redact_headers: [cookie, 7]\n", "capture.redact_headers[1]"),
     ("capture:\n  keep_query_params: [stream, '']\n", "capture.keep_query_params[1]"),
+    ("kubernetes:\n  metric_labels: [namespace, pods]\n", "kubernetes.metric_labels[1]"),
+    ("kubernetes:\n  metric_labels: [pod, namespace, pod]\n", "kubernetes.metric_labels[2]"),
 ])
 def test_other_list_items(tmp_path, text, key):
     assert f": {key}: expected " in str(error(tmp_path, text))

@@ -375,9 +375,9 @@ def test_grpc_methods_past_the_cap_are_other():
 
 def test_with_pod_metadata_every_series_names_the_pod():
     """Two pods of one process name on a node are two series (kubernetes.metadata)."""
-    m = RequestMetrics(pods=True)
+    m = RequestMetrics(("process", "namespace", "pod", "container"))
     pods = {4242: ("inference", "vllm-a", "vllm"), 4343: ("inference", "vllm-b", "vllm")}
-    m.who = lambda r: (r.comm, *pods[r.pid])
+    m.who_of = lambda r: (r.comm, *pods[r.pid])
     for r in (served(), served(pid=4343), served(pid=4343), call(), redis()):
         m.observe(r._replace(segments=(1, 2, 3, 4, 5)))
     got = scrape(m)

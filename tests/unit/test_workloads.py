@@ -110,3 +110,38 @@ def test_another_nodes_pods_are_not_asked_for(api):
         assert w.of(VLLM) is None
     finally:
         w.stop()
+
+
+# -- the labels request series carry (kubernetes.metric_labels, max_pods) ----------
+
+
+def pod_workload(pod: str, owner: str = "vllm") -> Workload:
+    return Workload("inference", pod, "uid-" + pod, "node-a", "server", "Deployment", owner, ())
+
+
+def test_series_carry_the_chosen_pod_labels_and_past_max_pods_a_new_pod_is_other():
+    from sitsprobe import config
+    from sitsprobe.agent import Agent
+
+    cfg = config.load(overrides={"select.pids": [1], "kubernetes.metadata": "on", "kubernetes.max_pods": 2,
+                                 "kubernetes.metric_labels": ["owner", "pod"]})
+    agent = Agent(cfg)
+    pods = {11: pod_workload("vllm-a"), 12: pod_workload("vllm-b"), 13: pod_workload("vllm-c"),
+            14: pod_workload("vllm-a")}
+    agent.workload_of = pods.get
+    assert agent.metrics.labels == ("process", "owner", "pod")
+    assert [agent._who(pid, "python") for pid in (11, 12, 13, 14, 15)] == [
+        ("python", "Deployment/vllm", "vllm-a"), ("python", "Deployment/vllm", "vllm-b"),
+        ("python", "Deployment/vllm", "_other"),  # a third pod: past max_pods
+        ("python", "Deployment/vllm", "vllm-a"),  # a pod already named keeps its name
+        ("python", "", "")]  # not known (yet)
+
+
+def test_without_pod_metadata_or_labels_a_series_is_its_process_alone():
+    from sitsprobe import config
+    from sitsprobe.agent import Agent
+
+    for overrides in ({"kubernetes.metadata": "off"}, {"kubernetes.metadata": "on", "kubernetes.metric_labels": []}):
+        agent = Agent(config.load(overrides={"select.pids": [1], **overrides}))
+        agent.workload_of = {11: pod_workload("vllm-a")}.get
+        assert agent.metrics.labels == ("process",) and agent._who(11, "python") == ("python",)
