@@ -127,6 +127,8 @@ class Agent:
         self.gpu = None
         self.otlp_metrics = None
         self.workloads = None
+        self._runtime_node: str | None = None  # with no API: the node whose runtime state names pods
+        self._runtime_pods: dict[str, object] = {}  # container id -> its Workload from that state, or None
         self._final_sampled: dict[str, int] = {}
         self.exporter = None
         self.http = None
@@ -199,16 +201,19 @@ class Agent:
         if k.metadata == "off":
             return None
         where = workloads.api_configured()
+        fallback = ("pods are named from the container runtime's state on the host (containerd, CRI-O) "
+                    "where it is readable, else known by the UID and container id in their cgroups")
         if where is None:
             log.log(logging.WARNING if k.metadata == "on" else logging.INFO,
-                    "no Kubernetes API here (no service account, no $KUBECONFIG): pods are known by the "
-                    "UID and container id in their cgroups only")
+                    "no Kubernetes API here (no service account, no $KUBECONFIG): %s", fallback)
+            self._runtime_node = workloads.node_name(k.node_name)
             return None
         w = workloads.Workloads(workloads.node_name(k.node_name), k.pod_labels)
         try:
             w.start()
         except Exception as e:  # a kubeconfig that does not load
-            log.warning("Kubernetes API (%s) not usable: %s; pods are known by their cgroups only", where, e)
+            log.warning("Kubernetes API (%s) not usable: %s; %s", where, e, fallback)
+            self._runtime_node = w.node
             return None
         log.info("pods of node %s named from the Kubernetes API (%s)", w.node, where)
         return w
@@ -238,8 +243,19 @@ class Agent:
         return (comm, *pod)
 
     def workload_of(self, pid: int):
-        """The traced process's pod, container and owner, once the API has named them."""
-        return None if self.workloads is None else self.workloads.of(self.containers.get(pid))
+        """The traced process's pod, container and owner, once the API has named
+        them; with no API, what its container runtime's state says (no owner)."""
+        c = self.containers.get(pid)
+        if self.workloads is not None:
+            return self.workloads.of(c)
+        if self._runtime_node is None or c is None:
+            return None
+        if c.id not in self._runtime_pods:
+            from .runtime_state import runtime_workload
+            if len(self._runtime_pods) >= 4096:  # containers come and go
+                self._runtime_pods.clear()
+            self._runtime_pods[c.id] = runtime_workload(c, self._runtime_node)
+        return self._runtime_pods[c.id]
 
     def _start_cache(self, registry: CollectorRegistry) -> None:
         """Cache look-ups from every source (probes, RESP bytes, engine markers) in one table."""

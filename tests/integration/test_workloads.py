@@ -6,6 +6,7 @@ going away keeps them, said once. With no API configured, the cgroup's pod
 UID and container id, said once."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -98,6 +99,25 @@ def test_spans_and_process_info_name_the_pod_from_the_api(tmp_path):
     assert log.count("Kubernetes API unreachable") == 1, log
 
 
+# containerd's CRI plugin's state for the container (sitsprobe.runtime_state), where the
+# agent reads it: the host's /run, through /proc/1/root
+CONTAINERD_STATE = Path("/proc/1/root/run/containerd/io.containerd.runtime.v2.task/k8s.io") / CONTAINER_ID
+
+
+@pytest.fixture
+def containerd_state():
+    """The container's OCI config as containerd writes it, with the kubelet's names."""
+    created = [p for p in (CONTAINERD_STATE, *CONTAINERD_STATE.parents) if not p.exists()]
+    CONTAINERD_STATE.mkdir(parents=True, exist_ok=True)
+    (CONTAINERD_STATE / "config.json").write_text(json.dumps({"ociVersion": "1.1.0", "annotations": {
+        "io.kubernetes.cri.sandbox-namespace": "inference", "io.kubernetes.cri.sandbox-name": "vllm-7d9f8c6b5-x2k4q",
+        "io.kubernetes.cri.sandbox-uid": POD_UID, "io.kubernetes.cri.container-name": "vllm"}}))
+    yield
+    (CONTAINERD_STATE / "config.json").unlink()
+    for p in created:  # only what the test made
+        p.rmdir()
+
+
 def test_without_an_api_the_cgroup_names_the_pod(tmp_path):
     require_root()
     env = {"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)}  # no kubeconfig anywhere
@@ -110,3 +130,19 @@ def test_without_an_api_the_cgroup_names_the_pod(tmp_path):
         assert "k8s.pod.name" not in resource and resource["service.name"] == "python"
     log = agent.log.read_text()
     assert log.count("no Kubernetes API here") == 1, log
+
+
+def test_without_an_api_the_runtimes_state_names_the_pod(tmp_path, containerd_state):
+    require_root()
+    env = {"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)}
+    on = {"kubernetes": {"metadata": "on", "node_name": "gpu-node-3"}}
+    with running_agent(tmp_path, {}, {}, on, env=env) as agent, PodServer() as server:
+        wait_until(lambda: agent.tracks(server.pid), 10, "the agent to track the pod's server")
+        requests(server.port, 3)
+        resource = agent.traces.wait_for_port(server.port, 3)[0]["resource"]
+        assert {k: v for k, v in resource.items() if k.startswith(("k8s.", "container.", "service."))} == {
+            "k8s.namespace.name": "inference", "k8s.pod.name": "vllm-7d9f8c6b5-x2k4q", "k8s.pod.uid": POD_UID,
+            "k8s.node.name": "gpu-node-3", "k8s.container.name": "vllm", "container.id": CONTAINER_ID,
+            "service.name": "vllm"}  # no owner in the annotations: the container's name
+        assert agent.metric("http_server_request_duration_seconds_count", process="python",
+                            namespace="inference", pod="vllm-7d9f8c6b5-x2k4q", container="vllm") == 3
