@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import subprocess
 import sys
 import threading
@@ -80,6 +81,7 @@ def main() -> int:
     ap.add_argument("--metrics-port", type=int, default=9102)
     a = ap.parse_args()
     logging.basicConfig(level="WARNING", format="%(levelname)s %(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the engine and the load go too
 
     engine, port = start_engine()
     Path(a.traces_file).unlink(missing_ok=True)
