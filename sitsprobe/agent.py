@@ -129,6 +129,7 @@ class Agent:
         self.workloads = None
         self._runtime_node: str | None = None  # with no API: the node whose runtime state names pods
         self._runtime_pods: dict[str, object] = {}  # container id -> its Workload from that state, or None
+        self._host_root = None  # where that state is read (runtime_state.host_root)
         self._final_sampled: dict[str, int] = {}
         self.exporter = None
         self.http = None
@@ -251,10 +252,12 @@ class Agent:
         if self._runtime_node is None or c is None:
             return None
         if c.id not in self._runtime_pods:
-            from .runtime_state import runtime_workload
+            from .runtime_state import host_root, runtime_workload
+            if self._host_root is None:
+                self._host_root = host_root()
             if len(self._runtime_pods) >= 4096:  # containers come and go
                 self._runtime_pods.clear()
-            self._runtime_pods[c.id] = runtime_workload(c, self._runtime_node)
+            self._runtime_pods[c.id] = runtime_workload(c, self._runtime_node, self._host_root)
         return self._runtime_pods[c.id]
 
     def _start_cache(self, registry: CollectorRegistry) -> None:

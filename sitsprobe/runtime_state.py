@@ -8,18 +8,19 @@ with the kubelet's names in its annotations.
               io.kubernetes.pod.namespace, .name, .uid, io.kubernetes.container.name
 
 The agent runs in the host's PID namespace, so the host's files are under
-/proc/1/root from inside its pod: no extra mount. What the annotations do not
-say (the owner, the pod's labels) stays unknown.
+/proc/1/root from inside its pod: no extra mount. Where that is not readable
+(a sandbox whose init hides its root) and on a plain host, they are under /.
+What the annotations do not say (the owner, the pod's labels) stays unknown.
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .containers import Container
 from .workloads import Workload
 
-HOST_ROOT = Path("/proc/1/root")
 MAX_CONFIG = 1 << 20  # an OCI config is a few kB; never read a huge file whole
 _STATE = {  # runtime -> (its config.json, the annotations: namespace, pod, pod UID, container)
     "containerd": ("run/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/config.json",
@@ -31,7 +32,16 @@ _STATE = {  # runtime -> (its config.json, the annotations: namespace, pod, pod 
 }
 
 
-def runtime_workload(c: Container, node: str, root: Path = HOST_ROOT) -> Workload | None:
+def host_root() -> Path:
+    """Where the host's files are: /proc/1/root where it can be read, else /."""
+    try:
+        os.listdir("/proc/1/root")
+    except OSError:
+        return Path("/")
+    return Path("/proc/1/root")
+
+
+def runtime_workload(c: Container, node: str, root: Path) -> Workload | None:
     """The pod `c` runs in, as its runtime's state names it; None where no
     state is readable (another runtime, not a pod, a malformed file)."""
     runtimes = (c.runtime,) if c.runtime in _STATE else tuple(_STATE)  # cgroupfs paths do not say

@@ -3,11 +3,12 @@ over fixture trees laid out as containerd's and CRI-O's are."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from sitsprobe.containers import Container
-from sitsprobe.runtime_state import MAX_CONFIG, runtime_workload
+from sitsprobe.runtime_state import MAX_CONFIG, host_root, runtime_workload
 from sitsprobe.workloads import Workload
 
 CID = "4b825dc642cb6eb9a060e54bf8d69288fbee4904c0a7e3c5b1a8f0f1d2c3b4a5"
@@ -54,3 +55,14 @@ def test_a_malformed_or_foreign_config_names_nothing_and_never_raises(tmp_path, 
 def test_no_state_at_all_names_nothing(tmp_path):
     assert runtime_workload(Container(CID, "", ""), "node-a", tmp_path) is None
     assert runtime_workload(Container(CID, "docker", ""), "node-a", tmp_path) is None
+
+
+def test_the_hosts_root_is_proc_1_root_where_readable_else_slash(monkeypatch):
+    import sitsprobe.runtime_state as rs
+    monkeypatch.setattr(rs.os, "listdir", lambda path: ["etc", "run"])  # in a hostPID pod
+    assert host_root() == Path("/proc/1/root")
+
+    def denied(path):
+        raise PermissionError(13, "Permission denied", path)
+    monkeypatch.setattr(rs.os, "listdir", denied)  # a sandbox whose init hides its root
+    assert host_root() == Path("/")
