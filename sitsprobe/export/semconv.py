@@ -215,7 +215,7 @@ def _http(req: Request) -> dict:
         "http.request.method_original": None if known else req.method,
         "http.response.status_code": req.status,
         # a request the agent saw none of, or whose head it did not capture, has no size
-        "http.request.size": None if req.partial else req.bytes_in,
+        "http.request.size": None if req.partial not in (None, http1.RESPONSE_CUT_OFF) else req.bytes_in,
         "http.response.size": req.bytes_out,
         "network.protocol.name": name,
         "network.protocol.version": version or None,

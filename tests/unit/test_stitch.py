@@ -129,6 +129,34 @@ def test_a_response_is_due_only_when_its_framing_says_it_ended():
     assert not s.due(exchange(resp=b"HTTP/1.1 101 Switching\r\n\r\n", status=101))
 
 
+def test_an_answer_the_close_cut_short_of_its_framing_says_so():
+    s = stitcher()
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"
+
+    def seen(**kw):
+        r = s.on_exchange(exchange(status=200, reason=END_CLOSE, **kw))[0]
+        return r.complete, r.partial
+    assert seen(resp=head, bytes_out=len(head) + 4) == (False, http1.RESPONSE_CUT_OFF)
+    assert seen(resp=head, bytes_out=len(head) + 10) == (True, None)
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert seen(resp=chunked, flags=CF_TUPLE | CF_CHUNK_END) == (True, None)
+    assert seen(resp=chunked) == (True, None)  # no tail kept: not known
+    # the tail shows the terminator, also when it came in writes of its own
+    assert seen(resp=chunked, payload=Payload(response_tail=b'data: [DONE]\n\n\r\n0\r\n\r\n')) == (True, None)
+    assert seen(resp=chunked, payload=Payload(response_tail=b'data: {"cho')) == (False, http1.RESPONSE_CUT_OFF)
+    close_delimited = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+    assert seen(resp=close_delimited, bytes_out=10) == (True, None)  # the close is its end
+    # a head longer than the kernel keeps in resp: read from the payload's first write
+    long_head = b"HTTP/1.1 200 OK\r\nx-pad: " + b"p" * 400 + b"\r\nContent-Length: 10\r\n\r\n"
+    first = Payload(writes=(Write(2_000, len(long_head) + 4, long_head + b"abcd"),))
+    assert seen(resp=long_head[:256], payload=first, bytes_out=len(long_head) + 4) == (False, http1.RESPONSE_CUT_OFF)
+    assert seen(resp=long_head[:256], bytes_out=len(long_head) + 4) == (True, None)  # no payload: not known
+    # pipelined, the general path: the same
+    two = REQ + REQ
+    assert s.on_exchange(exchange(req=two, resp=head, status=200, reason=END_CLOSE, pipeline=1,
+                                  bytes_out=len(head)))[0].partial == http1.RESPONSE_CUT_OFF
+
+
 def test_a_flushed_exchange_reported_again_by_the_kernel_is_dropped():
     s = stitcher()
     ex = exchange()

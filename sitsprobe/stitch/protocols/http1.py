@@ -11,7 +11,7 @@ that pauses for minutes is still one request.
 """
 from __future__ import annotations
 
-from ...events import CF_CHUNK_END, CF_MISSED, END_RESPONSE, Exchange
+from ...events import CF_CHUNK_END, CF_MISSED, END_CLOSE, END_EXIT, END_RESPONSE, Exchange
 from ...redact import redact_target
 from ...request import Request
 from ...routes import RouteMapper
@@ -22,6 +22,7 @@ from .common import end_ns, ended_early, transport
 NAME = "http/1.1"
 REQUEST_MISSED = "request_missed"  # sitsprobe.partial: only the response was seen
 HEAD_NOT_CAPTURED = "request_head_not_captured"  # a pipelined head past the bytes kept
+RESPONSE_CUT_OFF = "response_cut_off"  # the connection closed before the response's framing ended
 
 # Nearly every exchange is one plain request, and its Request is built by
 # position: 1.0 µs here against 2.6 µs by keyword. Built in this order:
@@ -52,6 +53,26 @@ def complete(ex: Exchange) -> bool:
     return False  # delimited by the close
 
 
+def cut_off(ex: Exchange) -> bool:
+    """Whether an answer the close ended fell short of its own framing: fewer
+    bytes than its Content-Length, or chunked with no terminator (known from
+    the last write, or where the response's tail was kept, from that: the
+    terminator may come in writes of its own). Not known (a head longer than
+    what was kept, an interim response's): not cut off."""
+    if not ex.status or ex.reason not in (END_CLOSE, END_EXIT) or ex.flags & CF_CHUNK_END:
+        return False
+    resp = parse_response_head(ex.resp)
+    if (resp is None or resp.head_size is None) and ex.payload is not None and ex.payload.writes:
+        resp = parse_response_head(ex.payload.writes[0].peek)  # a head longer than ex.resp
+    if (resp is None or resp.head_size is None or resp.status < 200 or resp.status in (204, 304)
+            or ex.req.startswith(b"HEAD ")):
+        return False
+    if resp.content_length is not None:
+        return ex.bytes_out < resp.head_size + resp.content_length
+    tail = ex.payload.response_tail if ex.payload is not None else b""
+    return resp.chunked and len(tail) >= 5 and not tail.endswith(b"0\r\n\r\n")
+
+
 def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
     status = ex.status or None
     if ex.flags & CF_MISSED:  # its read began before we could see it
@@ -59,6 +80,8 @@ def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
                         0, ex.bytes_out, ex.local, ex.peer, NAME, status=status,
                         route=routes.route(None), partial=REQUEST_MISSED, transport=transport(ex))]
     done = not ended_early(ex)
+    short = RESPONSE_CUT_OFF if done and cut_off(ex) else None
+    done = done and short is None
     if ex.pipeline == 0 and ex.reason != END_RESPONSE and (line := request_line(ex.req)) is not None:
         # the common case, kept cheap: headers are parsed only for traced requests
         # (END_RESPONSE: another response followed, so this one was pipelined)
@@ -70,7 +93,7 @@ def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
             path, routes.route(path), status, None, None, done, ex.req,
             trace_headers=(ex.traceparent, ex.tracestate) if ex.traceparent or ex.tracestate else None,
             payload=ex.payload, last_in_ns=ex.last_in_ns, send_ns=ex.send_ns, runq_ns=ex.runq_ns,
-            read_wait_ns=ex.read_wait_ns, cache_wait_ns=ex.cache_wait_ns)
+            read_wait_ns=ex.read_wait_ns, cache_wait_ns=ex.cache_wait_ns, partial=short)
         return [r if transport(ex) else r._replace(transport=None)]
     heads = parse_request_heads(ex.req)
     head = heads[ex.pipeline] if ex.pipeline < len(heads) else None
@@ -80,7 +103,7 @@ def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
                 transport=transport(ex))
     if head is None:
         return [Request(bytes_in=0 if ex.pipeline else ex.bytes_in, route=routes.route(None),
-                        partial=HEAD_NOT_CAPTURED if ex.pipeline else None, **base)]
+                        partial=HEAD_NOT_CAPTURED if ex.pipeline else short, **base)]
     # the first of several pipelined requests, or a later one: its own size where the head tells
     size = head.size if head.size is not None and (ex.pipeline or len(heads) > 1) else None
     return [Request(
@@ -91,7 +114,7 @@ def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
         trace_headers=(ex.traceparent, ex.tracestate) if ex.pipeline == 0 else None,
         payload=ex.payload if ex.pipeline == 0 else None, last_in_ns=ex.last_in_ns,
         send_ns=ex.send_ns, runq_ns=ex.runq_ns, read_wait_ns=ex.read_wait_ns,
-        cache_wait_ns=ex.cache_wait_ns, **base)]
+        cache_wait_ns=ex.cache_wait_ns, partial=short, **base)]
 
 
 def enrich(r: Request, redact: frozenset[str], keep_query: frozenset[str]) -> Request:
@@ -131,5 +154,5 @@ def _list_value(raw: bytes) -> str:
     return v if whole else v.rpartition(",")[0].rstrip(" \t")
 
 
-__all__ = ["NAME", "REQUEST_MISSED", "HEAD_NOT_CAPTURED", "claims", "complete", "requests",
-           "enrich"]
+__all__ = ["NAME", "REQUEST_MISSED", "HEAD_NOT_CAPTURED", "RESPONSE_CUT_OFF", "claims", "complete", "cut_off",
+           "requests", "enrich"]
