@@ -15,12 +15,18 @@ A stream is written one event per write, ``--gap-ms`` apart, with uvicorn's
 chunked framing, as vLLM's server writes it; an OpenAI stream keeps its usage
 chunk only when the request sets stream_options.include_usage. Anything else
 is a 404 with an OpenAI-style error body.
+
+``--layout`` writes every answer otherwise, as a network or a broken server
+may deliver it: ``split`` in 7-byte writes (events cut across writes, a
+body's Content-Length kept), ``mangled`` with invalid UTF-8 in every string
+that carries text (and is not empty), ``truncated`` cut off halfway, the connection dropped.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import re
 import socket
 import sys
 from pathlib import Path
@@ -84,7 +90,28 @@ def without_usage(event: bytes) -> bool:
     return isinstance(obj, dict) and obj.get("choices") == [] and "usage" in obj
 
 
-def app(gap_s: float) -> Starlette:
+LAYOUTS = ("events", "split", "mangled", "truncated")
+SPLIT = 7  # bytes a write, for --layout split
+_TEXT = re.compile(rb'("(?:content|text|response|generated_text|message)"\s*:\s*")(?=[^"])')  # not empty
+
+
+def laid_out(writes: list[bytes], layout: str) -> list[bytes]:
+    """A response's writes as --layout asks."""
+    if layout == "mangled":
+        return [_TEXT.sub(lambda m: m.group(1) + b"\xff\xfe\xc3", w) for w in writes]
+    whole = b"".join(writes)
+    if layout == "split":
+        return [whole[i:i + SPLIT] for i in range(0, len(whole), SPLIT)]
+    if layout == "truncated":
+        return [whole[:len(whole) // 2]]
+    return writes
+
+
+class Truncated(Exception):
+    """Raised mid-answer: uvicorn drops the connection, as a crashed server would."""
+
+
+def app(gap_s: float, layout: str = "events") -> Starlette:
     index = json.loads((FIXTURES / "index.json").read_text())
     recorded = [Recorded(name, meta) for name, meta in index.items()]
 
@@ -104,17 +131,22 @@ def app(gap_s: float) -> Starlette:
             return JSONResponse({"error": {"message": f"no fixture for {path} stream={stream}",
                                            "type": "NotFoundError", "code": 404}}, 404)
         r = found[0]
-        if not r.stream:
-            return Response(r.writes[0], r.status, r.extra_headers(), r.media_type)
         usage = (body.get("stream_options") or {}).get("include_usage") is True
-        events = [e for e in r.writes if usage or not without_usage(e)]
+        events = laid_out([e for e in r.writes if usage or not without_usage(e)], layout)
+        if not r.stream and layout in ("events", "mangled"):
+            return Response(events[0], r.status, r.extra_headers(), r.media_type)
+        headers = r.extra_headers()
+        if not r.stream:  # one body, in pieces: its length said, as the server would
+            headers["content-length"] = str(len(b"".join(r.writes)))
 
         async def written():
             for i, event in enumerate(events):
-                if i and gap_s:
+                if i and gap_s and r.stream:
                     await asyncio.sleep(gap_s)
                 yield event
-        return StreamingResponse(written(), r.status, r.extra_headers(), r.media_type)
+            if layout == "truncated":
+                raise Truncated(r.name)
+        return StreamingResponse(written(), r.status, headers, r.media_type)
 
     return Starlette(routes=[Route("/{path:path}", answer, methods=["POST"])])
 
@@ -124,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True, help="0: any free port, printed")
     ap.add_argument("--gap-ms", type=float, default=5.0, help="between a stream's events")
+    ap.add_argument("--layout", choices=LAYOUTS, default="events", help="how answers are written (above)")
     args = ap.parse_args(argv)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -132,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.port == 0:
         print(f"port {sock.getsockname()[1]}", flush=True)
     print("ready", flush=True)  # connections queue on the listening socket until served
-    config = uvicorn.Config(app(args.gap_ms / 1000), log_level="warning", access_log=False)
+    config = uvicorn.Config(app(args.gap_ms / 1000, args.layout), log_level="critical", access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -2,8 +2,10 @@
 (written from their API docs into tests/fixtures/genai) replayed through a
 real server (uvicorn + Starlette, one event per write, as those servers
 write them) to a real client over loopback. The spans' gen_ai.* attributes
-must be what the recorded answers hold (the unit tests' table of them); hostile requests never
-crash the agent and no prompt or answer text reaches a span.
+must be what the recorded answers hold (the unit tests' table of them), also
+when every answer comes in 7-byte writes or with invalid UTF-8 in its text;
+answers cut off halfway and hostile requests never crash the agent, and no
+prompt or answer text reaches a span.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ..unit.test_genai import AS_WRITTEN, FIXTURES, INDEX
 from .conftest import Owned, running_agent, wait_until
 
@@ -20,10 +24,10 @@ HERE = Path(__file__).resolve().parent
 
 
 class Replay(Owned):
-    def __init__(self, gap_ms: float = 2.0):
+    def __init__(self, gap_ms: float = 2.0, layout: str = "events"):
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "genai_replay.py"), "--port", "0", "--gap-ms", str(gap_ms),
-             "--host", "127.0.0.1"],
+             "--host", "127.0.0.1", "--layout", layout],
             stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline().split()[1])
         assert self.proc.stdout.readline().strip() == "ready"
@@ -34,7 +38,10 @@ def post(port: int, path: str, body: bytes) -> tuple[int, bytes]:
     try:
         c.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         r = c.getresponse()
-        return r.status, r.read()
+        try:
+            return r.status, r.read()
+        except http.client.IncompleteRead as e:  # --layout truncated
+            return r.status, e.partial
     finally:
         c.close()
 
@@ -66,10 +73,11 @@ def expected(name: str) -> dict:
             for f, attr in ATTRIBUTE.items() if f in want}
 
 
-def test_recorded_servers_replayed_come_out_as_recorded(tmp_path):
+@pytest.mark.parametrize("layout", ["events", "split", "mangled"])
+def test_recorded_servers_replayed_come_out_as_recorded(tmp_path, layout):
     (tmp_path / "agent").mkdir()
-    with Replay() as server, running_agent(tmp_path / "agent", {"pids": [server.proc.pid], "cmdline": []},
-                                           {}, {}) as agent:
+    with Replay(layout=layout) as server, running_agent(tmp_path / "agent", {"pids": [server.proc.pid],
+                                                                            "cmdline": []}, {}, {}) as agent:
         wait_until(lambda: agent.tracks(server.proc.pid), 15, "the agent to track the replay server")
         names = sorted(INDEX)
         for name in names:
@@ -80,12 +88,34 @@ def test_recorded_servers_replayed_come_out_as_recorded(tmp_path):
     wrong = []
     for name, span in zip(names, spans):
         want = expected(name)
+        if layout == "mangled":  # an answer asked for as JSON is no longer JSON
+            want.pop("sitsprobe.genai.json_valid", None)
         got = {k: span["attrs"].get(k) for k in want}
         if got != want:
             wrong.append(f"{name}: {got} != {want}")
         if INDEX[name]["stream"] and "gen_ai.server.time_to_first_token" not in span["attrs"]:
             wrong.append(f"{name}: a stream with no time to first token")
     assert not wrong, "\n".join(wrong)
+    assert "SECRET" not in json.dumps([s["attrs"] for s in spans])  # the fixtures' answers say SECRET-ANSWER
+
+
+def test_answers_cut_off_halfway_neither_crash_the_agent_nor_leak_text(tmp_path):
+    (tmp_path / "agent").mkdir()
+    capture = {"capture": {"write_peek_bytes": 1024}}  # TGI's head is 450 bytes: its Content-Length, read
+    with Replay(layout="truncated") as server, running_agent(
+            tmp_path / "agent", {"pids": [server.proc.pid], "cmdline": []}, {}, capture) as agent:
+        wait_until(lambda: agent.tracks(server.proc.pid), 15, "the agent to track the replay server")
+        names = sorted(INDEX)
+        for name in names:
+            post(server.port, INDEX[name]["path"], request_for(name))
+        spans = agent.traces.wait_for_port(server.port, len(names), timeout=30)
+        assert agent.alive()
+    assert len(spans) == len(names)
+    for name, span in zip(names, sorted(spans, key=lambda s: int(s["startTimeUnixNano"]))):
+        a = span["attrs"]
+        assert a.get("gen_ai.request.model") == expected(name).get("gen_ai.request.model"), name
+        assert (a["sitsprobe.complete"], a.get("sitsprobe.partial")) == (False, "response_cut_off"), (name, a)
+    assert "SECRET" not in json.dumps([s["attrs"] for s in spans])  # the fixtures' answers say SECRET-ANSWER
 
 
 HOSTILE = [
