@@ -92,6 +92,9 @@ def test_transformers_serve_with_the_openai_client(tmp_path):
         seen = drive(f"http://127.0.0.1:{serve.port}/v1", serve.model)
         spans = [s for s in genai_spans(agent, serve.port, len(seen)) if s["attrs"].get("url.path")
                  == "/v1/chat/completions"]
+        page = agent.scrape()
+        tokens = {t: agent.metric("gen_ai_server_tokens_total", page, gen_ai_request_model=serve.model,
+                                  gen_ai_token_type=t) for t in ("input", "output")}
         report = subprocess.run([sys.executable, "-m", "sitsprobe.cli", "report", "--agent",
                                  agent.metrics_url, "--json"], capture_output=True, text=True, timeout=60)
     assert report.returncode == 0, report.stderr
@@ -124,6 +127,10 @@ def test_transformers_serve_with_the_openai_client(tmp_path):
             wrong.append(f"request {i}: time to first token {ttft} not after the headers ({ttfb}) "
                              f"and within the client's {c['ttft']}")
     assert not wrong, "\n".join(wrong)
+    # the token counter, against the client's usage (a stream without usage: its content events)
+    assert tokens == {"input": sum(c["usage"].prompt_tokens for c in seen if c["usage"] is not None),
+                      "output": sum(c["usage"].completion_tokens if c["usage"] is not None else c["content_chunks"]
+                                    for c in seen)}, tokens
 
 
 def test_the_wire_and_the_markers_agree_on_the_reference_engine(tmp_path):
