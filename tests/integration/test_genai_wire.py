@@ -1,8 +1,9 @@
 """Issue 11: GenAI from the wire, no markers. Servers no one here wrote
-(`transformers serve`, Hugging Face's OpenAI-compatible server) driven by the
-official `openai` client, and our reference engine with and without its
-markers: what the spans say about each request (model, tokens, time to first
-token, stream events) must equal what the client received.
+(`transformers serve`, Hugging Face's OpenAI-compatible server) driven by two
+clients no one here wrote (the official `openai` client and
+`huggingface_hub`'s InferenceClient), and our reference engine with and
+without its markers: what the spans say about each request (model, tokens,
+time to first token, stream events) must equal what the client received.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -23,6 +25,7 @@ from .conftest import Engine, Owned, TraceFile, free_port, running_agent, wait_u
 from .tiny_model import build
 
 openai = pytest.importorskip("openai")
+huggingface_hub = pytest.importorskip("huggingface_hub")
 TRANSFORMERS = Path(sys.executable).with_name("transformers")
 PROMPTS = ["the quick brown fox", "jumps over", "the lazy dog 7", "fox fox fox", "over the"]
 
@@ -51,30 +54,39 @@ class TransformersServe(Owned):
             return False
 
 
-def drive(base_url: str, model: str, rounds: int = 2, max_tokens: int = 8, **params) -> list[dict]:
+def chat(client: str, base_url: str):
+    """The client's chat call, taking the OpenAI API's keyword arguments."""
+    if client == "openai":
+        return openai.OpenAI(base_url=base_url, api_key="none", max_retries=0).chat.completions.create
+    hf = huggingface_hub.InferenceClient(base_url=base_url, api_key="none")
+    return hf.chat_completion
+
+
+def drive(base_url: str, model: str, rounds: int = 2, max_tokens: int = 8, client: str = "openai",
+          **params) -> list[dict]:
     """Streaming (with and without usage) and plain requests; what the client saw of each."""
-    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+    create = chat(client, base_url)
     seen = []
     for i in range(rounds):
         for prompt in PROMPTS:
             messages = [{"role": "user", "content": prompt}]
-            r = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, **params)
-            seen.append({"stream": False, "model": r.model, "usage": r.usage,
+            r = create(model=model, messages=messages, max_tokens=max_tokens, **params)
+            seen.append({"client": client, "stream": False, "model": r.model, "usage": r.usage,
                          "finish": r.choices[0].finish_reason})
             for usage in (True, False):
                 t0 = time.monotonic()
                 ttft, chunks, content, last, finish = None, 0, 0, None, None
                 extra = {"stream_options": {"include_usage": True}} if usage else {}
-                for ch in client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
-                                                         stream=True, **extra, **params):
+                for ch in create(model=model, messages=messages, max_tokens=max_tokens, stream=True,
+                                 **extra, **params):
                     chunks += 1
                     last = ch
                     finish = finish or next((c.finish_reason for c in ch.choices if c.finish_reason), None)
                     if ch.choices and ch.choices[0].delta.content:
                         content += 1
                         ttft = ttft if ttft is not None else time.monotonic() - t0
-                seen.append({"stream": True, "model": last.model, "usage": last.usage, "ttft": ttft,
-                             "chunks": chunks, "content_chunks": content, "finish": finish})
+                seen.append({"client": client, "stream": True, "model": last.model, "usage": last.usage,
+                             "ttft": ttft, "chunks": chunks, "content_chunks": content, "finish": finish})
     return seen
 
 
@@ -84,12 +96,16 @@ def genai_spans(agent, port: int, n: int) -> list[dict]:
     return sorted(spans, key=lambda s: int(s["startTimeUnixNano"]))
 
 
-def test_transformers_serve_with_the_openai_client(tmp_path):
+def test_transformers_serve_with_the_openai_and_huggingface_clients(tmp_path):
     (tmp_path / "agent").mkdir()
     with TransformersServe(tmp_path) as serve, \
             running_agent(tmp_path / "agent", {"ports": [serve.port], "cmdline": []}, {}, {}) as agent:
         wait_until(lambda: agent.tracks(serve.proc.pid), 15, "the agent to track transformers serve")
-        seen = drive(f"http://127.0.0.1:{serve.port}/v1", serve.model)
+        url = f"http://127.0.0.1:{serve.port}/v1"
+        seen = drive(url, serve.model)
+        # the Hub's offline switch (tiny_model sets it: no download) would refuse a local server too
+        with mock.patch.object(huggingface_hub.constants, "HF_HUB_OFFLINE", False):
+            seen += drive(url, serve.model, rounds=1, client="huggingface_hub")
         spans = [s for s in genai_spans(agent, serve.port, len(seen)) if s["attrs"].get("url.path")
                  == "/v1/chat/completions"]
         page = agent.scrape()
@@ -119,7 +135,7 @@ def test_transformers_serve_with_the_openai_client(tmp_path):
             expect |= {"sitsprobe.genai.stream_events": c["chunks"]}
         got = {k: a.get(k) for k in expect}
         if got != expect:
-            wrong.append(f"request {i} ({'stream' if c['stream'] else 'plain'}): {got} != {expect}")
+            wrong.append(f"request {i} ({c['client']}, {'stream' if c['stream'] else 'plain'}): {got} != {expect}")
         ttft, ttfb = a.get("gen_ai.server.time_to_first_token"), a.get("sitsprobe.time_to_first_byte_s")
         if c["stream"] and c["ttft"] is None and ttft is not None:  # a random model may answer blanks
             wrong.append(f"request {i}: time to first token {ttft}, but the client saw no content")
