@@ -118,6 +118,35 @@ def test_answers_cut_off_halfway_neither_crash_the_agent_nor_leak_text(tmp_path)
     assert "SECRET" not in json.dumps([s["attrs"] for s in spans])  # the fixtures' answers say SECRET-ANSWER
 
 
+
+def padded(model: str, before: int, after: int) -> bytes:
+    """A streamed chat request whose model sits `before` bytes into its body and
+    `after` bytes before its end, text around it."""
+    head = '{"messages": [{"role": "user", "content": "' + "p" * before + '"}], "model": '
+    return (head + json.dumps(model) + ', "stream": true, "stop": ["' + "s" * after + '"]}').encode()
+
+
+def test_what_the_kernel_copies_is_bounded_by_the_config(tmp_path):
+    """capture.body_bytes and max_writes reach the kernel: a model 2 kB into the
+    body is read with body_bytes 4096 (past the default's 512), one 5 kB in and
+    5 kB before the end is past every byte kept and so not known (never
+    guessed); a stream longer than max_writes has its later events counted,
+    not timed."""
+    (tmp_path / "agent").mkdir()
+    capture = {"capture": {"body_bytes": 4096, "max_writes": 3}}
+    with Replay() as server, running_agent(tmp_path / "agent", {"pids": [server.proc.pid], "cmdline": []},
+                                           {}, capture) as agent:
+        wait_until(lambda: agent.tracks(server.proc.pid), 15, "the agent to track the replay server")
+        for body in (padded("near-model", 2000, 2000), padded("far-model", 5000, 5000)):
+            assert post(server.port, "/v1/chat/completions", body)[0] == 200
+        near, far = sorted((s["attrs"] for s in agent.traces.wait_for_port(server.port, 2)),
+                           key=lambda a: a["http.request.size"])
+    assert near["gen_ai.request.model"] == "near-model" and "gen_ai.request.model" not in far, (near, far)
+    for a in (near, far):  # vllm_chat_stream: 6 events in 7 writes, those past the third counted, not timed
+        assert a["gen_ai.response.model"] == "meta-llama/Llama-3.1-8B-Instruct"
+        assert a["sitsprobe.genai.events_approximate"] is True, a
+        assert "gen_ai.server.time_to_first_token" in a, a
+
 HOSTILE = [
     b'{"model": "SECRET-PROMPT' + b"\\u0000" * 50 + b'", "messages": [' + b"[" * 5000 + b"]" * 5000 + b"]}",
     b'{"model": 1e999999, "max_tokens": 99999999999999999999999999999, "messages": []}',
