@@ -58,7 +58,11 @@ CLOSING_PARSED = 4
 
 _SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,16})(?:;[^\r\n]{0,256})?\r?\n")
 _FRAMING = re.compile(rb"\r\n[0-9a-fA-F]{1,16}(?:;[^\r\n]{0,256})?\r\n")
-_SEPARATORS = {"sse": re.compile(rb"\r?\n\r?\n|\r\r"), "ndjson": re.compile(rb"\r?\n")}
+# each alternative begins with a fixed byte, so the regex skips ahead as fast as
+# a search (a leading \r? would be tried at every byte: 5x slower); with no \r
+# in the text, bytes.find does it (10x)
+_SEPARATORS = {"sse": re.compile(rb"\n\r?\n|\r\n\r?\n|\r\r"), "ndjson": re.compile(rb"\r?\n")}
+_PLAIN = {"sse": b"\n\n", "ndjson": b"\n"}  # the separator where no \r is
 _STARTS = {"sse": re.compile(rb"(?:data|event|id|retry)?:"), "ndjson": re.compile(rb"\s*\{")}
 
 
@@ -337,11 +341,11 @@ def _events(pieces: list[_Piece], kind: str) -> list[tuple[int, bytes]]:
         starts = [0]
         for pc in run[:-1]:
             starts.append(starts[-1] + len(pc.data))
+        ends = _separators(kind, sep, text)
         pos = 0
         if run[0].gap and not _STARTS[kind].match(text):
-            m = sep.search(text)
-            pos = m.end() if m else len(text)
-        ends = [m.span() for m in sep.finditer(text, pos)] + [(len(text), len(text))]
+            pos = ends[0][1] if ends else len(text)
+        ends.append((len(text), len(text)))
         for start, after in ends:
             if start > pos and len(blocks) < MAX_EVENTS:
                 blocks.append((run[bisect.bisect_right(starts, pos) - 1].ts_ns, text[pos:start]))
@@ -354,6 +358,18 @@ def _events(pieces: list[_Piece], kind: str) -> list[tuple[int, bytes]]:
             block = b"\n".join(lines) if lines else b""
         if block.strip():
             out.append((ts, block.strip()))
+    return out
+
+
+def _separators(kind: str, sep: re.Pattern, text: bytes) -> list[tuple[int, int]]:
+    """Where the events' separators are in ``text``: (start, end) each."""
+    if b"\r" in text:
+        return [m.span() for m in sep.finditer(text)]
+    plain, out = _PLAIN[kind], []
+    i = text.find(plain)
+    while i >= 0:
+        out.append((i, i + len(plain)))
+        i = text.find(plain, i + len(plain))
     return out
 
 

