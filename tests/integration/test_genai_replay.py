@@ -9,13 +9,12 @@ prompt or answer text reaches a span.
 """
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from ..unit.test_genai import AS_WRITTEN, FIXTURES, INDEX
 from .conftest import Owned, running_agent, wait_until
@@ -73,30 +72,37 @@ def expected(name: str) -> dict:
             for f, attr in ATTRIBUTE.items() if f in want}
 
 
-@pytest.mark.parametrize("layout", ["events", "split", "mangled"])
-def test_recorded_servers_replayed_come_out_as_recorded(tmp_path, layout):
+def test_recorded_servers_replayed_come_out_as_recorded(tmp_path):
+    """Each layout its own replay server, one agent tracing the three."""
     (tmp_path / "agent").mkdir()
-    with Replay(layout=layout) as server, running_agent(tmp_path / "agent", {"pids": [server.proc.pid],
-                                                                            "cmdline": []}, {}, {}) as agent:
-        wait_until(lambda: agent.tracks(server.proc.pid), 15, "the agent to track the replay server")
+    layouts = ("events", "split", "mangled")
+    with contextlib.ExitStack() as owned:
+        servers = {layout: owned.enter_context(Replay(layout=layout)) for layout in layouts}
+        agent = owned.enter_context(running_agent(
+            tmp_path / "agent", {"pids": [s.proc.pid for s in servers.values()], "cmdline": []}, {}, {}))
         names = sorted(INDEX)
-        for name in names:
-            status, _ = post(server.port, INDEX[name]["path"], request_for(name))
-            assert status < 500, name
-        spans = sorted(agent.traces.wait_for_port(server.port, len(names), timeout=30),
-                       key=lambda s: int(s["startTimeUnixNano"]))
+        spans = {}
+        for layout, server in servers.items():
+            wait_until(lambda: agent.tracks(server.proc.pid), 15, f"the agent to track the {layout} server")
+            for name in names:
+                status, _ = post(server.port, INDEX[name]["path"], request_for(name))
+                assert status < 500, (layout, name)
+            spans[layout] = sorted(agent.traces.wait_for_port(server.port, len(names), timeout=30),
+                                   key=lambda s: int(s["startTimeUnixNano"]))
     wrong = []
-    for name, span in zip(names, spans):
-        want = expected(name)
-        if layout == "mangled":  # an answer asked for as JSON is no longer JSON
-            want.pop("sitsprobe.genai.json_valid", None)
-        got = {k: span["attrs"].get(k) for k in want}
-        if got != want:
-            wrong.append(f"{name}: {got} != {want}")
-        if INDEX[name]["stream"] and "gen_ai.server.time_to_first_token" not in span["attrs"]:
-            wrong.append(f"{name}: a stream with no time to first token")
+    for layout in layouts:
+        for name, span in zip(names, spans[layout]):
+            want = expected(name)
+            if layout == "mangled":  # an answer asked for as JSON is no longer JSON
+                want.pop("sitsprobe.genai.json_valid", None)
+            got = {k: span["attrs"].get(k) for k in want}
+            if got != want:
+                wrong.append(f"{layout} {name}: {got} != {want}")
+            if INDEX[name]["stream"] and "gen_ai.server.time_to_first_token" not in span["attrs"]:
+                wrong.append(f"{layout} {name}: a stream with no time to first token")
     assert not wrong, "\n".join(wrong)
-    assert "SECRET" not in json.dumps([s["attrs"] for s in spans])  # the fixtures' answers say SECRET-ANSWER
+    # the fixtures' answers say SECRET-ANSWER
+    assert "SECRET" not in json.dumps([s["attrs"] for layout in layouts for s in spans[layout]])
 
 
 def test_answers_cut_off_halfway_neither_crash_the_agent_nor_leak_text(tmp_path):
