@@ -34,7 +34,7 @@ static __always_inline struct marker_event *start(u32 kind, u64 ts)
     e->kind = kind;
     e->fd = -1;
     e->request_id = e->batch_id = 0;
-    e->input_tokens = e->output_tokens = e->kv_bytes = 0;
+    e->input_tokens = e->output_tokens = e->kv_bytes = e->begin_ts = 0;
     e->hit = e->key_len = e->n_total = e->first = e->n_ids = e->pad = 0;
     e->name[0] = 0;
     return e;
@@ -89,21 +89,63 @@ int on_request_end(struct pt_regs *ctx)
     return 0;
 }
 
-/* sitsprobe_range_{begin,end}(u64 id, u64 batch_id, const char *name) */
-static __always_inline int range(struct pt_regs *ctx, u32 kind)
+/* sitsprobe_range_{begin,end}(u64 id, u64 batch_id, const char *name): the
+ * begin is kept here, by its thread group, ids and name, and the end sends
+ * one MK_RANGE event with both times: half the events of the many ranges of a
+ * request (a decode step each). An end with no begin kept (it began before the
+ * probe attached, or more ranges were open at once than MARKER_OPEN_RANGES,
+ * which an LRU map sheds oldest first) is counted, not sent. */
+struct range_key {
+    u32 tgid;
+    u32 pad;
+    u64 request_id;
+    u64 batch_id;
+    char name[MARKER_NAME];
+};
+BPF_TABLE("lru_hash", struct range_key, u64, range_begins, MARKER_OPEN_RANGES);
+
+static __always_inline void range_key(struct pt_regs *ctx, struct range_key *k)
 {
-    struct marker_event *e = start(kind, bpf_ktime_get_ns());
-    if (!e)
-        return 0;
-    e->request_id = PT_REGS_PARM1(ctx);
-    e->batch_id = PT_REGS_PARM2(ctx);
-    copy_name(e, (void *)PT_REGS_PARM3(ctx));
-    submit(e);
+    __builtin_memset(k, 0, sizeof(*k)); /* the name's bytes past its NUL are the key's too */
+    k->tgid = bpf_get_current_pid_tgid() >> 32;
+    k->request_id = PT_REGS_PARM1(ctx);
+    k->batch_id = PT_REGS_PARM2(ctx);
+    const void *name = (void *)PT_REGS_PARM3(ctx);
+    if (!name || bpf_probe_read_user_str(k->name, sizeof(k->name), name) < 0)
+        k->name[0] = 0;
+}
+
+int on_range_begin(struct pt_regs *ctx)
+{
+    u64 ts = bpf_ktime_get_ns();
+    struct range_key k;
+    range_key(ctx, &k);
+    range_begins.update(&k, &ts);
     return 0;
 }
 
-int on_range_begin(struct pt_regs *ctx) { return range(ctx, MK_RANGE_BEGIN); }
-int on_range_end(struct pt_regs *ctx) { return range(ctx, MK_RANGE_END); }
+int on_range_end(struct pt_regs *ctx)
+{
+    u64 ts = bpf_ktime_get_ns();
+    struct range_key k;
+    range_key(ctx, &k);
+    u64 *begin = range_begins.lookup(&k);
+    if (!begin) {
+        count(MC_RANGES_UNMATCHED, 1);
+        return 0;
+    }
+    u64 begin_ts = *begin;
+    range_begins.delete(&k);
+    struct marker_event *e = start(MK_RANGE, ts);
+    if (!e)
+        return 0;
+    e->request_id = k.request_id;
+    e->batch_id = k.batch_id;
+    e->begin_ts = begin_ts;
+    __builtin_memcpy(e->name, k.name, sizeof(e->name));
+    submit(e);
+    return 0;
+}
 
 /* sitsprobe_batch(u64 batch_id, const u64 *ids, u32 n): MARKER_IDS ids per event */
 int on_batch(struct pt_regs *ctx)

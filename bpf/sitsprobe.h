@@ -561,11 +561,10 @@ struct cache_event {
 enum marker_kind {
     MK_REQUEST_BEGIN = 1,
     MK_REQUEST_END = 2,
-    MK_RANGE_BEGIN = 3,
-    MK_RANGE_END = 4,
-    MK_BATCH = 5,
-    MK_CACHE_GET = 6,
-    MK_USAGE = 7,
+    MK_RANGE = 3, /* a range_end, joined in the kernel to its range_begin (begin_ts) */
+    MK_BATCH = 4,
+    MK_CACHE_GET = 5,
+    MK_USAGE = 6,
 };
 
 /* index into the `marker_counters` per-CPU array of bpf/markers.c */
@@ -574,7 +573,8 @@ enum marker_counter {
     MC_LOST = 1,        /* marker events lost: ring buffer full */
     MC_IDS_DROPPED = 2, /* batch request ids past MARKER_MAX_IDS, not sent */
     MC_KEYS_CUT = 3,    /* cache keys longer than MARKER_KEY, sent cut short */
-    MC_COUNTERS = 4,
+    MC_RANGES_UNMATCHED = 4, /* range ends whose begin the kernel did not keep, not sent */
+    MC_COUNTERS = 5,
 };
 
 /* One marker call. A batch call of n request ids is sent as ceil(n / MARKER_IDS)
@@ -591,6 +591,7 @@ struct marker_event {
     u64 input_tokens;  /* usage */
     u64 output_tokens;
     u64 kv_bytes;
+    u64 begin_ts;      /* range: when its range_begin was called (ts: its end) */
     u32 hit;           /* cache_get: 1 hit, 0 miss */
     u32 key_len;       /* cache_get: bytes in key (longer keys are cut, and counted) */
     u32 n_total;       /* batch: request ids in the call */

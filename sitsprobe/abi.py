@@ -112,18 +112,20 @@ CE_TRUNCATED, CE_PEER = 0x01, 0x02
 MARKER_NAME = 32  # stage, cache or model name bytes, NUL included
 MARKER_KEY = 64  # cache key bytes copied
 MARKER_IDS = 16  # request ids per batch event
-MARKER_EVENT_BYTES = 320  # sizeof(struct marker_event) and the ring's 8-byte record header
+MARKER_EVENT_BYTES = 328  # sizeof(struct marker_event) and the ring's 8-byte record header
 
 # enum marker_kind: struct marker_event.kind, by the marker library's call
-MK_REQUEST_BEGIN, MK_REQUEST_END, MK_RANGE_BEGIN, MK_RANGE_END, MK_BATCH, MK_CACHE_GET, MK_USAGE = range(1, 8)
+# (a range is one event, its begin and end joined in the kernel)
+MK_REQUEST_BEGIN, MK_REQUEST_END, MK_RANGE, MK_BATCH, MK_CACHE_GET, MK_USAGE = range(1, 7)
 MARKER_KINDS = {
-    MK_REQUEST_BEGIN: "request_begin", MK_REQUEST_END: "request_end", MK_RANGE_BEGIN: "range_begin",
-    MK_RANGE_END: "range_end", MK_BATCH: "batch", MK_CACHE_GET: "cache_get", MK_USAGE: "usage",
+    MK_REQUEST_BEGIN: "request_begin", MK_REQUEST_END: "request_end", MK_RANGE: "range",
+    MK_BATCH: "batch", MK_CACHE_GET: "cache_get", MK_USAGE: "usage",
 }
 
 # enum marker_counter: index into the `marker_counters` per-CPU array
-MC_EVENTS, MC_LOST, MC_IDS_DROPPED, MC_KEYS_CUT = 0, 1, 2, 3
-MC_COUNTERS = 4
+MC_EVENTS, MC_LOST, MC_IDS_DROPPED, MC_KEYS_CUT, MC_RANGES_UNMATCHED = 0, 1, 2, 3, 4
+MC_COUNTERS = 5
 MARKER_COUNTERS = _in_order({
     MC_EVENTS: "events", MC_LOST: "lost", MC_IDS_DROPPED: "batch_ids_dropped", MC_KEYS_CUT: "keys_cut",
+    MC_RANGES_UNMATCHED: "ranges_unmatched",
 }, MC_COUNTERS)

@@ -724,7 +724,7 @@ class Agent:
         """(in flight, queued) per pid. An engine's queued requests are open
         exchanges too: what the network sees beyond the engine's own count
         (requests not yet begun there) is in flight with the rest."""
-        engine = self.engine.demand()
+        engine = self.engine.demand(self.markers.open_ranges() if self.markers is not None else ())
         out = {}
         for pid in set(open_exchanges) | set(engine):
             begun, queued = engine.get(pid, (0, 0))

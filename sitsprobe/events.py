@@ -89,8 +89,8 @@ class ProcessNotice:
 class MarkerEvent(NamedTuple):
     """One call of the engine's marker API, seen by the agent.
 
-    kind: "request_begin" (fd, name=model), "request_end", "range_begin" /
-    "range_end" (name=stage; batch_id set for a batch-level range),
+    kind: "request_begin" (fd, name=model), "request_end", "range" (at its
+    end: name=stage, begin_ns its begin; batch_id set for a batch-level range),
     "batch" (batch_id, request_ids = every request the batch serves),
     "cache_get" (name=cache, key, hit), "usage" (input_tokens,
     output_tokens, kv_bytes).
@@ -110,3 +110,4 @@ class MarkerEvent(NamedTuple):
     input_tokens: int = 0
     output_tokens: int = 0
     kv_bytes: int = 0
+    begin_ns: int = 0

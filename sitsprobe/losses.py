@@ -42,6 +42,10 @@ ADVICE = {
                         "(those requests lose their engine stages)",
     "marker_batch_ids_dropped": "a batch named more requests than the marker probe sends "
                                 "(MARKER_MAX_IDS): those past it get no batch stages",
+    "marker_range_begin_not_kept": "an engine stage ended whose start the kernel did not keep: it "
+                                   "began before the agent attached (at start, harmless), or more "
+                                   "stages were open at once than it keeps (16,384); that stage is "
+                                   "not in its trace",
     "cache ring_buffer_full": "the look-up ring has a fixed size: give the agent more CPU "
                               "(sitsprobe_cache_kernel_lookups_total stays exact)",
     "cache inflight_table_full": "more look-ups in flight at once than the fixed in-flight "

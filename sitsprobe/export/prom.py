@@ -376,7 +376,8 @@ class KernelMetrics:
             "chunks_lost": "stream_ring_full",
             "writes_unheld": "write_queue_full",
             "notices_lost": "notice_ring_full", "inflight_lost": "inflight_table_full",
-            "marker_lost": "marker_ring_full", "marker_batch_ids_dropped": "marker_batch_ids_dropped"}
+            "marker_lost": "marker_ring_full", "marker_batch_ids_dropped": "marker_batch_ids_dropped",
+            "marker_ranges_unmatched": "marker_range_begin_not_kept"}
     # sampler_counts' keys besides the outcomes of sitsprobe_traces_total, each
     # reported when given (TraceSampler's budget_per_second, cost_per_trace, cpu_seconds)
     SAMPLER_NUMBERS = ("budget_per_second", "cost_per_trace_seconds", "cpu_seconds")

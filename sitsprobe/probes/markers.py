@@ -17,12 +17,13 @@ from collections.abc import Callable, Iterable
 from ..abi import (MARKER_COUNTERS as COUNTERS, MARKER_EVENT_BYTES as EVENT_BYTES, MARKER_IDS,
                    MARKER_KINDS as KINDS, MK_BATCH)
 from ..errors import ProbeAttachError
+from ..markers._native import FUNCTIONS
 from ..events import MarkerEvent
 from .net import bpf_dir
 from .ring import DrainBudget
 
 # exported function -> BPF function in bpf/markers.c
-HOOKS = {f"sitsprobe_{k}": f"on_{k}" for k in KINDS.values()}
+HOOKS = {sym: f"on_{sym.removeprefix('sitsprobe_')}" for sym in FUNCTIONS}  # symbol -> program
 _LIBRARY = re.compile(r"/libsitsprobe_markers[^/]*\.so$")
 
 
@@ -67,8 +68,9 @@ def decode(e) -> MarkerEvent:
     (ctypes hands a char array back as bytes cut at the first NUL.)"""
     kind = KINDS.get(e.kind) or f"unknown({e.kind})"
     head = (kind, e.ts, e.tgid, e.tid, e.request_id)
-    if kind == "range_begin" or kind == "range_end":
-        return MarkerEvent(*head, batch_id=e.batch_id, name=e.name.decode(errors="replace"))
+    if kind == "range":
+        return MarkerEvent(*head, batch_id=e.batch_id, name=e.name.decode(errors="replace"),
+                           begin_ns=e.begin_ts)
     if kind == "cache_get":
         key = bytes(e.key[: min(e.key_len, len(e.key))])
         return MarkerEvent(*head, name=e.name.decode(errors="replace"), hit=bool(e.hit),
@@ -120,12 +122,15 @@ class _Open:
         self.ts, self.tgid, self.batch_id, self.next, self.ids = e.ts, e.tgid, e.batch_id, 0, []
 
 
+OPEN_RANGES = 16384  # ranges begun and not yet ended that the kernel keeps, all engines together
+
+
 def cflags(ring_pages: int, max_batch_ids: int, cpus: int | None = None) -> list[str]:
     """-D settings. Wakeups: often enough that the ring cannot fill between
     two, with every CPU one short of its next wakeup (a quarter of it, to spare)."""
     capacity = ring_pages * 4096 // EVENT_BYTES
     wakeup_every = max(1, capacity // (4 * (cpus or os.cpu_count() or 1)))
-    return [f"-I{bpf_dir()}", f"-DMARKER_RING_PAGES={ring_pages}",
+    return [f"-I{bpf_dir()}", f"-DMARKER_RING_PAGES={ring_pages}", f"-DMARKER_OPEN_RANGES={OPEN_RANGES}",
             f"-DMARKER_MAX_IDS={max_batch_ids}", f"-DMARKER_WAKEUP_EVERY={wakeup_every}"]
 
 
@@ -229,6 +234,11 @@ class MarkerProbe:
         self._bpf.ring_buffer_poll(timeout_ms)
         self._budget.refill()
         self._bpf.ring_buffer_consume()
+
+    def open_ranges(self) -> list[tuple[int, str]]:
+        """(tgid, name) of every range begun and not yet ended, as the kernel
+        keeps them (a map walk: for a tick, not per event)."""
+        return [(k.tgid, k.name.decode(errors="replace")) for k in self._bpf[b"range_begins"].keys()]
 
     def counters(self) -> dict[str, int]:
         table = self._bpf[b"marker_counters"]

@@ -11,6 +11,7 @@ to ``hold_ns`` for its markers before it is released without them.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..events import MarkerEvent
@@ -35,7 +36,6 @@ class EngineJoin:
     def __init__(self, hold_ns: int = 500_000_000):
         self.hold_ns = hold_ns
         self._open: dict[tuple[int, int], _Open] = {}  # (tgid, request id) -> state
-        self._begun: dict[tuple, int] = {}  # range key -> begin ts
         self._batches: dict[tuple[int, int], tuple[int, ...]] = {}  # (tgid, batch) -> ids
         self._done: dict[tuple[int, int], deque[Inference]] = defaultdict(deque)  # (tgid, fd)
         self._held: deque[tuple[int, Request]] = deque()  # (deadline, request)
@@ -43,12 +43,15 @@ class EngineJoin:
         self.batch_sizes: list[int] = []  # drained by the metrics side
         self.unmatched = 0  # engine requests never joined to a network request
         self.dropped = 0  # state shed to stay bounded
+        self._handlers = {"request_begin": self._request_begin, "request_end": self._request_end,
+                          "range": self._range, "batch": self._batch, "cache_get": self._cache_get,
+                          "usage": self._usage}
 
     # -- markers ------------------------------------------------------------------
 
     def on_marker(self, ev: MarkerEvent) -> None:
         self.instrumented.add(ev.tgid)
-        handler = getattr(self, f"_{ev.kind}", None)
+        handler = self._handlers.get(ev.kind)
         if handler is not None:
             handler(ev)
 
@@ -76,22 +79,13 @@ class EngineJoin:
         if len(self._batches) > MAX_BATCHES:
             self._batches.pop(next(iter(self._batches)))
 
-    def _range_begin(self, ev: MarkerEvent) -> None:
-        self._begun[(ev.tgid, ev.request_id, ev.batch_id, ev.name)] = ev.ts_ns
-        if len(self._begun) > MAX_OPEN_PER_PROCESS * 4:
-            self._begun.pop(next(iter(self._begun)))
-            self.dropped += 1
-
-    def _range_end(self, ev: MarkerEvent) -> None:
-        start = self._begun.pop((ev.tgid, ev.request_id, ev.batch_id, ev.name), None)
-        if start is None:
-            return
+    def _range(self, ev: MarkerEvent) -> None:
         if ev.batch_id:
             ids = self._batches.pop((ev.tgid, ev.batch_id), ())
             self.batch_sizes.append(len(ids))
-            stage = Stage(ev.name, start, ev.ts_ns, ev.batch_id, len(ids))
+            stage = Stage(ev.name, ev.begin_ns, ev.ts_ns, ev.batch_id, len(ids))
         else:
-            ids, stage = (ev.request_id,), Stage(ev.name, start, ev.ts_ns)
+            ids, stage = (ev.request_id,), Stage(ev.name, ev.begin_ns, ev.ts_ns)
         for rid in ids:
             st = self._open.get((ev.tgid, rid))
             if st is not None:
@@ -107,14 +101,16 @@ class EngineJoin:
         if st is not None:
             st.usage = (ev.input_tokens, ev.output_tokens, ev.kv_bytes)
 
-    def demand(self) -> dict[int, tuple[int, int]]:
+    def demand(self, open_ranges: Iterable[tuple[int, str]] = ()) -> dict[int, tuple[int, int]]:
         """Per process, the engine's own count: (requests begun and not ended,
-        of which waiting in a "queue" stage now)."""
+        of which waiting in a "queue" stage now). ``open_ranges``: (tgid,
+        name) of each range begun and not ended (the kernel keeps them:
+        MarkerProbe.open_ranges)."""
         out: dict[int, list[int]] = defaultdict(lambda: [0, 0])
         for tgid, _ in self._open:
             out[tgid][0] += 1
-        for tgid, _, _, name in self._begun:
-            if name == "queue":
+        for tgid, name in open_ranges:
+            if name == "queue" and tgid in out:
                 out[tgid][1] += 1
         return {tgid: (n, min(q, n)) for tgid, (n, q) in out.items()}
 

@@ -38,6 +38,8 @@ for i in range(5):  # 5 cache look-ups, 2 hits
 markers.cache_get("prefix", "k" * 100, hit=False, request_id=2**63 + 5)
 with markers.range("wide", batch_id=2**64 - 1, request_ids=list(range(300))):
     pass
+markers._range_end(1001, 0, b"never-begun")  # counted in the kernel, not sent
+markers._range_begin(1001, 0, b"queue")  # left open: the kernel holds it
 """
 
 
@@ -92,15 +94,15 @@ def collect(probe, pid: int, n: int) -> list:
     return probe.seen.of(pid)
 
 
-# 7 x (request_begin, usage, request_end) + 13 x 2 ranges + 1 batch
-# + 6 cache gets + the wide batch and its range
-EXPECTED = 21 + 26 + 1 + 6 + 3
+# 7 x (request_begin, usage, request_end) + 13 ranges (one event each, its begin
+# joined in the kernel) + 1 batch + 6 cache gets + the wide batch and its range
+EXPECTED = 21 + 13 + 1 + 6 + 2
 
 
 def check_engine_events(events: list) -> None:
     kinds = Counter(e.kind for e in events)
-    assert kinds == {"request_begin": 7, "request_end": 7, "usage": 7, "range_begin": 14,
-                     "range_end": 14, "batch": 2, "cache_get": 6}, kinds
+    assert kinds == {"request_begin": 7, "request_end": 7, "usage": 7, "range": 14, "batch": 2,
+                     "cache_get": 6}, kinds
     begins = [e for e in events if e.kind == "request_begin"]
     assert [(e.request_id, e.fd, e.name) for e in begins] == \
         [(1000 + i, 40 + i, "tiny-gpt") for i in range(1, 8)]
@@ -110,9 +112,11 @@ def check_engine_events(events: list) -> None:
     batches = [e for e in events if e.kind == "batch"]
     assert batches[0].batch_id == 77 and batches[0].request_ids == tuple(range(1000, 1020))
     assert batches[1].batch_id == 2**64 - 1 and batches[1].request_ids == tuple(range(256))
-    ranges = [(e.kind, e.name, e.request_id, e.batch_id) for e in events if "range" in e.kind]
-    assert ranges[:2] == [("range_begin", "stage-0", 0, 77), ("range_end", "stage-0", 0, 77)]
-    assert ranges[2:4] == [("range_begin", "stage-1", 1001, 0), ("range_end", "stage-1", 1001, 0)]
+    ranges = [e for e in events if e.kind == "range"]
+    assert [(e.name, e.request_id, e.batch_id) for e in ranges] == \
+        [("stage-0", 0, 77)] + [(f"stage-{i}", 1001, 0) for i in range(1, 13)] + [("wide", 0, 2**64 - 1)]
+    requests_done = max(e.ts_ns for e in events if e.kind == "request_end")
+    assert all(requests_done < e.begin_ns <= e.ts_ns for e in ranges), ranges  # both times, each its own
     gets = [e for e in events if e.kind == "cache_get"]
     assert [(e.name, e.key, e.hit, e.request_id) for e in gets[:5]] == \
         [("prefix", f"tenant/{i}", i in (1, 3), 1001) for i in range(5)]
@@ -130,6 +134,8 @@ def test_an_engine_started_after_the_probe_is_seen_exactly(probe):
     assert after["lost"] == before["lost"]
     assert after["batch_ids_dropped"] - before["batch_ids_dropped"] == 300 - 256
     assert after["keys_cut"] - before["keys_cut"] >= 1
+    assert after["ranges_unmatched"] - before["ranges_unmatched"] == 1
+    assert (engine.pid, "queue") in probe.open_ranges()
 
 
 def test_an_engine_already_running_when_the_probe_attaches_is_seen(probe, tmp_path):

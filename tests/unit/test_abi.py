@@ -154,7 +154,7 @@ def test_the_header_is_read_whole():
 
 @needs_gcc
 @pytest.mark.parametrize("a, b", [
-    ("C_LOST", "C_CONN_OVERFLOW"), ("CUDA_MEMCPY", "CUDA_MEMCPY_ASYNC"), ("MK_RANGE_BEGIN", "MK_RANGE_END"),
+    ("C_LOST", "C_CONN_OVERFLOW"), ("CUDA_MEMCPY", "CUDA_MEMCPY_ASYNC"), ("MK_RANGE", "MK_BATCH"),
     ("CC_HITS", "CC_MISSES"), ("CUDA_C_STATS_FULL", "CUDA_C_ALLOCS_FULL"), ("MC_IDS_DROPPED", "MC_KEYS_CUT"),
     ("K_FLAT", "K_IOV"), ("END_NEXT", "END_CLOSE"), ("CF_TUPLE", "CF_TCP"), ("CE_TRUNCATED", "CE_PEER"),
 ])

@@ -18,6 +18,11 @@ def m(kind, ts, **kw):
     return MarkerEvent(kind=kind, ts_ns=ts, tgid=PID, tid=PID, **kw)
 
 
+def stage(name, begin, end, **kw):
+    """A range as the kernel sends it: one event at its end, with its begin."""
+    return m("range", end, begin_ns=begin, name=name, **kw)
+
+
 def request(start, end, fd=FD, path="/v1/completions"):
     return Request(pid=PID, comm="engine", fd=fd, start_ns=start, end_ns=end, first_out_ns=end - 10,
                    bytes_in=100, bytes_out=200, method="POST", path=path, route=path, status=200)
@@ -31,13 +36,11 @@ def with_genai(rs: list[Request]) -> list[Request]:
 def two_requests_in_one_batch(j: EngineJoin):
     for rid, fd, t0 in ((1, FD, 1000), (2, FD + 1, 1100)):
         j.on_marker(m("request_begin", t0, request_id=rid, fd=fd, name="tiny"))
-        j.on_marker(m("range_begin", t0 + 10, request_id=rid, name="prefill"))
         j.on_marker(m("cache_get", t0 + 20, request_id=rid, name="prefix", key="ab12", hit=rid == 2))
-        j.on_marker(m("range_end", t0 + 300, request_id=rid, name="prefill"))
+        j.on_marker(stage("prefill", t0 + 10, t0 + 300, request_id=rid))
     for step, t in ((7, 2000), (8, 3000)):
         j.on_marker(m("batch", t, batch_id=step, request_ids=(1, 2)))
-        j.on_marker(m("range_begin", t, batch_id=step, name="decode"))
-        j.on_marker(m("range_end", t + 500, batch_id=step, name="decode"))
+        j.on_marker(stage("decode", t, t + 500, batch_id=step))
     for rid in (1, 2):
         j.on_marker(m("usage", 4000, request_id=rid, input_tokens=5, output_tokens=3, kv_bytes=4096))
         j.on_marker(m("request_end", 4100, request_id=rid))
@@ -167,14 +170,11 @@ def test_demand_counts_requests_in_the_engine_and_those_queued():
     j = EngineJoin()
     for rid in (1, 2, 3):
         j.on_marker(m("request_begin", rid, request_id=rid, fd=FD + rid, name="tiny"))
-        j.on_marker(m("range_begin", 10 + rid, request_id=rid, name="queue"))
-    j.on_marker(m("range_end", 20, request_id=1, name="queue"))  # 1 is served, 2 and 3 wait
-    j.on_marker(m("range_begin", 21, request_id=1, name="prefill"))
-    assert j.demand() == {PID: (3, 2)}
-    for rid in (2, 3):
-        j.on_marker(m("range_end", 30, request_id=rid, name="queue"))
+    # the ranges open now, as the kernel keeps them: 1 is served, 2 and 3 wait
+    # (and a dead engine's queue, whose requests the join no longer holds)
+    assert j.demand([(PID, "prefill"), (PID, "queue"), (PID, "queue"), (PID + 1, "queue")]) == {PID: (3, 2)}
     j.on_marker(m("request_end", 40, request_id=1))
-    assert j.demand() == {PID: (2, 0)}
+    assert j.demand([(PID, "decode"), (PID, "decode")]) == {PID: (2, 0)}
     for rid in (2, 3):
         j.on_marker(m("request_end", 50, request_id=rid))
     assert j.demand() == {}

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from sitsprobe import markers
+from sitsprobe.abi import MK_BATCH, MK_CACHE_GET, MK_RANGE, MK_REQUEST_BEGIN, MK_REQUEST_END, MK_USAGE
 from sitsprobe.markers import _native
 from sitsprobe.probes.markers import Batches, decode, find_marker_libraries
 
@@ -286,23 +287,23 @@ def test_find_marker_libraries_reaches_into_another_mount_namespace(tmp_path):
 
 def event(kind: int, **fields):
     base = dict(ts=10, tgid=7, tid=8, kind=kind, fd=-1, request_id=0, batch_id=0,
-                input_tokens=0, output_tokens=0, kv_bytes=0, hit=0, key_len=0, n_total=0,
+                input_tokens=0, output_tokens=0, kv_bytes=0, begin_ts=0, hit=0, key_len=0, n_total=0,
                 first=0, n_ids=0, ids=[0] * 16, name=b"", key=[0] * 64)
     return SimpleNamespace(**{**base, **fields})
 
 
 def test_decode_each_kind():
-    e = decode(event(1, request_id=5, fd=9, name=b"tiny"))
+    e = decode(event(MK_REQUEST_BEGIN, request_id=5, fd=9, name=b"tiny"))
     assert (e.kind, e.request_id, e.fd, e.name, e.ts_ns, e.tgid, e.tid) == \
         ("request_begin", 5, 9, "tiny", 10, 7, 8)
-    assert decode(event(2, request_id=5)).kind == "request_end"
-    e = decode(event(4, request_id=5, batch_id=3, name=b"decode"))
-    assert (e.kind, e.batch_id, e.name, e.fd) == ("range_end", 3, "decode", -1)
+    assert decode(event(MK_REQUEST_END, request_id=5)).kind == "request_end"
+    e = decode(event(MK_RANGE, request_id=5, batch_id=3, name=b"decode", begin_ts=4))
+    assert (e.kind, e.batch_id, e.name, e.fd, e.begin_ns, e.ts_ns) == ("range", 3, "decode", -1, 4, 10)
     key = list(b"\x00\xffab") + [0] * 60
-    e = decode(event(6, name=b"prefix", key=key, key_len=4, hit=1))
+    e = decode(event(MK_CACHE_GET, name=b"prefix", key=key, key_len=4, hit=1))
     assert (e.kind, e.name, e.key, e.hit) == ("cache_get", "prefix", "\x00\\xffab", True)
-    assert decode(event(6, hit=0)).hit is False
-    e = decode(event(7, input_tokens=1, output_tokens=2, kv_bytes=3))
+    assert decode(event(MK_CACHE_GET, hit=0)).hit is False
+    e = decode(event(MK_USAGE, input_tokens=1, output_tokens=2, kv_bytes=3))
     assert (e.input_tokens, e.output_tokens, e.kv_bytes, e.hit) == (1, 2, 3, None)
 
 
@@ -310,7 +311,7 @@ def batch_parts(ids: list[int], ts: int = 10, tid: int = 8, max_ids: int = 256):
     sent = ids[:max_ids]
     for first in range(0, max(len(sent), 1), 16):
         chunk = sent[first:first + 16]
-        yield event(5, ts=ts, tid=tid, batch_id=4, n_total=len(ids), first=first,
+        yield event(MK_BATCH, ts=ts, tid=tid, batch_id=4, n_total=len(ids), first=first,
                     n_ids=len(chunk), ids=chunk + [0] * (16 - len(chunk)))
 
 
