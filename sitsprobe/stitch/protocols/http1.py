@@ -37,40 +37,41 @@ def claims(ex: Exchange) -> bool:
     return bool(ex.status) or looks_like_request(ex.req)
 
 
-def complete(ex: Exchange) -> bool:
-    """Whether the response's framing shows that it has ended."""
-    if not ex.status:
-        return False
-    resp = parse_response_head(ex.resp)
-    if resp is None or resp.head_size is None or resp.status == 101:
-        return False  # a head not captured whole; or upgraded: ends at close
+def _framing(ex: Exchange, resp) -> bool | None:
+    """What the response's own framing says: ended (True), not (False), or
+    nothing (None): a head not captured whole, an upgrade or interim response,
+    a body delimited by the close, or chunked with neither the terminator seen
+    in the last write nor a kept response tail to look in (the terminator may
+    come in writes of its own)."""
+    if resp is None or resp.head_size is None or resp.status < 200:
+        return None
     if resp.status in (204, 304) or (ex.pipeline == 0 and ex.req.startswith(b"HEAD ")):
         return True  # no body, whatever Content-Length says
     if resp.chunked:
-        return bool(ex.flags & CF_CHUNK_END)
+        tail = ex.payload.response_tail if ex.payload is not None else b""
+        if ex.flags & CF_CHUNK_END or tail.endswith(b"0\r\n\r\n"):
+            return True
+        return False if len(tail) >= 5 else None
     if resp.content_length is not None:
         return ex.bytes_out >= resp.head_size + resp.content_length
-    return False  # delimited by the close
+    return None
+
+
+def complete(ex: Exchange) -> bool:
+    """Whether the response's framing shows that it has ended."""
+    return bool(ex.status) and _framing(ex, parse_response_head(ex.resp)) is True
 
 
 def cut_off(ex: Exchange) -> bool:
     """Whether an answer the close ended fell short of its own framing: fewer
-    bytes than its Content-Length, or chunked with no terminator (known from
-    the last write, or where the response's tail was kept, from that: the
-    terminator may come in writes of its own). Not known (a head longer than
-    what was kept, an interim response's): not cut off."""
-    if not ex.status or ex.reason not in (END_CLOSE, END_EXIT) or ex.flags & CF_CHUNK_END:
+    bytes than its Content-Length, or chunked with no terminator. Not known
+    (see _framing): not cut off."""
+    if not ex.status or ex.reason not in (END_CLOSE, END_EXIT):
         return False
     resp = parse_response_head(ex.resp)
     if (resp is None or resp.head_size is None) and ex.payload is not None and ex.payload.writes:
         resp = parse_response_head(ex.payload.writes[0].peek)  # a head longer than ex.resp
-    if (resp is None or resp.head_size is None or resp.status < 200 or resp.status in (204, 304)
-            or ex.req.startswith(b"HEAD ")):
-        return False
-    if resp.content_length is not None:
-        return ex.bytes_out < resp.head_size + resp.content_length
-    tail = ex.payload.response_tail if ex.payload is not None else b""
-    return resp.chunked and len(tail) >= 5 and not tail.endswith(b"0\r\n\r\n")
+    return _framing(ex, resp) is False
 
 
 def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
