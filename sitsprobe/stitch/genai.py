@@ -39,8 +39,9 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import dataclass, replace
-from itertools import pairwise
+from dataclasses import replace
+from operator import sub
+from typing import NamedTuple
 
 from ..request import GenAI, Payload, Request, Write
 from . import genai_shapes as shapes
@@ -66,8 +67,7 @@ _PLAIN = {"sse": b"\n\n", "ndjson": b"\n"}  # the separator where no \r is
 _STARTS = {"sse": re.compile(rb"(?:data|event|id|retry)?:"), "ndjson": re.compile(rb"\s*\{")}
 
 
-@dataclass(frozen=True, slots=True)
-class _Piece:
+class _Piece(NamedTuple):  # a tuple: a stream makes one a write
     ts_ns: int  # the write it came in
     data: bytes
     gap: bool  # bytes before it were not seen
@@ -245,8 +245,9 @@ def _body(p: Payload, head: ResponseHead | None) -> tuple[list[_Piece], bool]:
     known = head is not None and head.head_size is not None
     segments = [(w0.ts_ns, w0.peek[head.head_size:], max(0, w0.size - len(w0.peek)), False)
                 ] if known else []
-    for i, w in enumerate(p.writes[1:]):
-        segments.append((w.ts_ns, w.peek, max(0, w.size - len(w.peek)), i == 0 and not known))
+    segments += [(w.ts_ns, w.peek, max(0, w.size - len(w.peek)), False) for w in p.writes[1:]]
+    if not known and segments:  # what came before the first write after the head is not known
+        segments[0] = (*segments[0][:3], True)
     if head is not None and (head.chunked or head.complete):
         chunked = head.chunked
     else:  # not told: chunked if the body's first bytes are a chunk size line
@@ -277,9 +278,9 @@ def _dechunk(segments) -> tuple[list[_Piece], bool]:
             if _SIZE_LINE.match(data) is None:
                 continue
             mode, line = "size", b""
-        if mode == "size" and not line and not unseen and (m := _SIZE_LINE.match(data)) \
-                and (n := int(m[1], 16)) and len(data) == m.end() + n + 2 and data.endswith(b"\r\n"):
-            out.append(_Piece(ts, data[m.end():m.end() + n], gap))  # the common write: one whole chunk
+        if mode == "size" and not line and not unseen and data[-2:] == b"\r\n" \
+                and (m := _SIZE_LINE.match(data)) and (n := int(m[1], 16)) and len(data) == (e := m.end()) + n + 2:
+            out.append(_Piece(ts, data[e:-2], gap))  # the common write: one whole chunk
             gap = False
             continue
         buf, i = [], 0
@@ -335,30 +336,61 @@ def _events(pieces: list[_Piece], kind: str) -> list[tuple[int, bytes]]:
         if piece.gap or not runs:
             runs.append([])
         runs[-1].append(piece)
-    blocks = []
+    out, looked = [], 0
     for run in runs:
-        text = b"".join(pc.data for pc in run)
-        starts = [0]
-        for pc in run[:-1]:
-            starts.append(starts[-1] + len(pc.data))
-        ends = _separators(kind, sep, text)
-        pos = 0
-        if run[0].gap and not _STARTS[kind].match(text):
-            pos = ends[0][1] if ends else len(text)
-        ends.append((len(text), len(text)))
-        for start, after in ends:
-            if start > pos and len(blocks) < MAX_EVENTS:
-                blocks.append((run[bisect.bisect_right(starts, pos) - 1].ts_ns, text[pos:start]))
-            pos = max(pos, after)
-    out = []
-    for ts, block in blocks:
-        if kind == "sse":  # the event's data: lines, joined; comments and the like are none
-            lines = [ln[5:].removeprefix(b" ") for ln in block.splitlines()
-                     if ln.startswith(b"data:")]
-            block = b"\n".join(lines) if lines else b""
-        if block.strip():
-            out.append((ts, block.strip()))
+        if (each := _one_event_each(run[:MAX_EVENTS - looked], kind)) is not None:
+            out += [(ts, data) for ts, data in each if data]
+            looked += len(each)
+            continue
+        blocks = _blocks(run, kind, sep)[:MAX_EVENTS - looked]
+        looked += len(blocks)
+        for ts, block in blocks:
+            if kind == "sse":  # the event's data: lines, joined; comments and the like are none
+                lines = [ln[5:].removeprefix(b" ") for ln in block.splitlines()
+                         if ln.startswith(b"data:")]
+                block = b"\n".join(lines) if lines else b""
+            if block := block.strip():
+                out.append((ts, block))
     return out
+
+
+def _one_event_each(run: list[_Piece], kind: str) -> list[tuple[int, bytes]] | None:
+    """The events of a run in which each piece is one whole event, as servers
+    write a token each (SSE: one ``data:`` line and the blank line; NDJSON: one
+    line): (time, its data, b"" for a blank one) each, read without a scan;
+    else None."""
+    datas = [pc.data for pc in run]
+    text = b"".join(datas)
+    if b"\r" in text:
+        return None
+    if kind == "sse":
+        if text.count(b"\n") == 2 * len(datas) and all(d[:5] == b"data:" and d[-2:] == b"\n\n"
+                                                         for d in datas):
+            return [(pc.ts_ns, pc.data[5:-2].strip()) for pc in run]
+    elif text.count(b"\n") == len(datas) and all(d[-1:] == b"\n" for d in datas) \
+            and (not run[0].gap or _STARTS[kind].match(text)):
+        return [(pc.ts_ns, pc.data.strip()) for pc in run]
+    return None
+
+
+def _blocks(run: list[_Piece], kind: str, sep: re.Pattern) -> list[tuple[int, bytes]]:
+    """(time of the write it begins in, its bytes) of each event of a run of
+    pieces, between the separators."""
+    text = b"".join(pc.data for pc in run)
+    starts = [0]
+    for pc in run[:-1]:
+        starts.append(starts[-1] + len(pc.data))
+    ends = _separators(kind, sep, text)
+    pos = 0
+    if run[0].gap and not _STARTS[kind].match(text):
+        pos = ends[0][1] if ends else len(text)
+    ends.append((len(text), len(text)))
+    blocks = []
+    for start, after in ends:
+        if start > pos:
+            blocks.append((run[bisect.bisect_right(starts, pos) - 1].ts_ns, text[pos:start]))
+        pos = max(pos, after)
+    return blocks
 
 
 def _separators(kind: str, sep: re.Pattern, text: bytes) -> list[tuple[int, int]]:
@@ -378,16 +410,21 @@ def _stream(shape: Shape, g: GenAI, events: list[tuple[int, bytes]], status):
     times, content_at, finish, error = [], [], [], None
     model = inputs = outputs = None
     done = False
-    closing = len(events) - CLOSING_PARSED
-    for i, (ts, data) in enumerate(events):
+    closing, i = len(events) - CLOSING_PARSED, 0
+    while i < len(events):
+        if content_at and i < closing:  # mid-stream, up to the closing events: a token or not, by a glance
+            glance, mid = shape.partial_content, [e for e in events[i:closing] if e[1] != b"[DONE]"]
+            done, at = done or len(mid) < closing - i, len(times)
+            times += [ts for ts, _ in mid]
+            content_at += [at + k for k, (_, data) in enumerate(mid) if glance(data)]
+            i = closing
+            continue
+        ts, data = events[i]
+        i += 1
         if data == b"[DONE]":
             done = True
             continue
         times.append(ts)
-        if content_at and i < closing:  # mid-stream: a token, or not, by a glance
-            if shape.partial_content(data):
-                content_at.append(len(times) - 1)
-            continue
         obj = loads(data)
         if (err := shapes.error_of(obj, status)) is not None:
             error = error or err
@@ -404,7 +441,7 @@ def _stream(shape: Shape, g: GenAI, events: list[tuple[int, bytes]], status):
         g, streaming=True, events=len(times), content_events=len(content_at),
         first_token_ns=times[content_at[0]] if content_at else None,
         last_token_ns=times[content_at[-1]] if content_at else None,
-        max_gap_ns=max((b - a for a, b in pairwise(after)), default=None),
+        max_gap_ns=max(map(sub, after[1:], after), default=None),
         response_model=label(model, MAX_NAME), finish_reasons=shapes.labels(finish),
         input_tokens=inputs, output_tokens=outputs, error_type=error,
         usage_source=None if inputs is None and outputs is None else "stream_usage"), done
