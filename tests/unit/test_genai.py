@@ -543,3 +543,23 @@ def test_the_work_is_bounded_by_what_was_kept():
     g = read(exchange("vllm_chat_stream", parts))
     assert (g.events, g.content_events) == (20_000, 20_000)
     assert time.monotonic() - started < 2
+
+
+def test_the_quick_output_glance_says_what_the_regex_says():
+    """genai_shapes._visible looks for the compact "content":"x with bytes.find
+    before its regex: on strings made of the pieces that matter (escaped quotes,
+    empty values, spaces, the other keys) both say the same."""
+    from sitsprobe.stitch import genai_shapes as shapes
+    keys = rb"content|reasoning_content|reasoning|refusal|text"
+    regex = re.compile(b"|".join((shapes._key_str(keys), shapes._TOOL_CALLS)))
+    glance = shapes._visible(keys, shapes._TOOL_CALLS)
+    atoms = [b'"', b"\\", b":", b" ", b"x", b"content", b'"content":"', b'\\"content":"', b'"content": "',
+             b'"text":"', b"tool_calls", b"[", b"{", b"}"]
+    rng = random.Random(20261202)
+    said = {True: 0, False: 0}
+    for _ in range(30_000):
+        data = b"".join(rng.choice(atoms) for _ in range(rng.randrange(9)))
+        expect = regex.search(data) is not None
+        assert glance(data) is expect, data
+        said[expect] += 1
+    assert min(said.values()) > 3_000  # both answers were put to the test
