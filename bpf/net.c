@@ -464,6 +464,13 @@ struct beat_state {
     __u64 window; /* the last bytes counted, newest lowest */
 };
 BPF_PERCPU_ARRAY(beat_states, struct beat_state, 1);
+/* Write events sent, and read: the agent writes its count after each drain.
+ * Those unread may fill three quarters of the ring, no more, so that a flood
+ * of stream writes the agent is late to drain never costs a request its
+ * record (bcc has no ringbuf_query method to ask the ring itself). */
+BPF_ARRAY(beats_sent, __u64, 1);
+BPF_ARRAY(beats_read, __u64, 1);
+#define BEAT_ROOM (RINGBUF_PAGES * 4096ULL / 4 * 3 / ((sizeof(struct beat) + 15) & ~7ULL))
 
 static __always_inline void beat(struct conn *c, struct body *b, struct args *a, __u64 buf,
                                  __u64 len, long ret)
@@ -526,11 +533,17 @@ static __always_inline int send_beat_(void *ctx, int user)
         tail(ctx, user, 1); /* the next chunk; if the call failed, send what is counted */
     __u64 n = st->n, buf = st->buf;
     st->n = 0;
+    __u64 *sent = beats_sent.lookup(&zero), *read = beats_read.lookup(&zero);
+    if (!sent || !read || *sent - *read >= BEAT_ROOM) {
+        count(C_WRITES_LOST); /* they give way: what is left of the ring is for the exchanges */
+        return 0;
+    }
     struct beat *e = exchanges.ringbuf_reserve(sizeof(struct beat));
     if (!e) {
         count(C_WRITES_LOST);
         return 0;
     }
+    __sync_fetch_and_add(sent, 1);
     bpf_probe_read_kernel(e, sizeof(struct beat), &st->b);
     __u64 peek = n > PEEK_CAP ? PEEK_CAP : n;
     e->peek_len = 0;

@@ -215,7 +215,9 @@ class NetProbe:
                  on_beat: Callable[[Beat], None] = lambda _beat: None,
                  on_chunk: Callable[[Chunk], None] = lambda _chunk: None):
         from bcc import BPF  # the probes layer is the only one that imports bcc
+        from bcc.libbcc import lib
 
+        self._lib = lib
         self._bpf = BPF(src_file=str(bpf_dir() / "net.c").encode(), cflags=flags)
         self.socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
         # tail-called, never attached; each of the type of the programs that call it
@@ -247,11 +249,15 @@ class NetProbe:
         self._payloads = payloads = PayloadDecoder(self._bodies.Leaf, self._bpf["beat_layout"].Leaf)
         self._budget = DrainBudget()
 
+        self._beats_read = self._beats_told = 0
+        self._beats_read_fd = self._bpf["beats_read"].map_fd
+
         def exchange_cb(_ctx, data, size):
             if size == decode.size:
                 on_exchange(decode(ct.string_at(data, size)))
             elif size == payloads.beat_size:
                 on_beat(payloads.beat(ct.string_at(data, size)))
+                self._beats_read += 1
                 return 0  # a write is not an exchange: it spends no drain budget
             else:
                 buf = ct.string_at(data, size)
@@ -310,9 +316,7 @@ class NetProbe:
         # the kernel may have taken this connection, mid-exchange, meanwhile.
         # Its entry is the truth; a fresh one over it would lose that exchange.
         # A full map or an entry already there: nothing to do either way.
-        from bcc.libbcc import lib
-
-        lib.bpf_update_elem(self._conns.map_fd, ct.byref(key), ct.byref(c), BPF_NOEXIST)
+        self._lib.bpf_update_elem(self._conns.map_fd, ct.byref(key), ct.byref(c), BPF_NOEXIST)
 
     def adopt_reads(self, tgid: int, reads: list[BlockedRead], still: Callable[[], list[BlockedRead]]) -> int:
         """Follow reads that began before the process was tracked (a thread
@@ -340,6 +344,10 @@ class NetProbe:
         self._bpf.ring_buffer_poll(timeout_ms)
         self._budget.refill()
         self._bpf.ring_buffer_consume()
+        if self._beats_read != self._beats_told:  # the kernel's write events may use the room again
+            self._beats_told = self._beats_read
+            self._lib.bpf_update_elem(self._beats_read_fd, ct.byref(ct.c_int(0)),
+                                ct.byref(ct.c_uint64(self._beats_read)), 0)
 
     def open_exchanges(self) -> list[tuple[Exchange, int]]:
         """Every connection with an exchange in progress, with its state.

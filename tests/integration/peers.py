@@ -16,6 +16,7 @@ bytes each connection received, exactly as read, to DIR/conn-N.raw.
   GET  /json/ANY                  200, a small JSON body
   GET  /status/NNN                status NNN, body "status NNN\\n"
   POST /v1/chat/completions       (uvicorn) a fixed OpenAI chat completion
+  POST /stream?events=N           text/event-stream: N events, a write each, at once
 
 `status_locations` gives nginx one location per status.
 """
@@ -80,9 +81,18 @@ def starlette_app():
         await request.body()
         return JSONResponse(COMPLETION)
 
+    async def stream(request):
+        await request.body()
+
+        async def events():
+            for i in range(int(request.query_params["events"])):
+                yield event(i)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     return Starlette(routes=[
         Route("/sse", sse), Route("/json/{rest:path}", as_json), Route("/status/{code:int}", status),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]), Route("/stream", stream, methods=["POST"]),
     ])
 
 
@@ -142,7 +152,17 @@ def aiohttp_app():
         code = int(request.match_info["code"])
         return web.Response(status=code, text=f"status {code}\n")
 
+    async def stream(request):
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(int(request.query["events"])):
+            await resp.write(event(i))
+        await resp.write_eof()
+        return resp
+
     app = web.Application()
+    app.router.add_post("/stream", stream)
     app.router.add_get("/sse", sse)
     app.router.add_get("/json/{rest:.*}", as_json)
     app.router.add_get("/status/{code}", status)

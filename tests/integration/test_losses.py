@@ -1,6 +1,7 @@
-"""A loss is said in the agent's log: a 1 MiB ring, an agent held still
-(SIGSTOP) while a real load tool drives nginx, so the ring must fill; the log
-says so once, and its total at exit equals the exported counter."""
+"""Losses under a full ring, with the agent held still (SIGSTOP) so that the
+1 MiB ring must fill: a loss is said in the agent's log, once, and its total
+at exit equals the exported counter; a flood of stream writes gives way to the
+requests' records."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import Nginx, require_root, running_agent, wait_until
+from .test_wire_truth import Peer
 
 
 def test_a_full_ring_buffer_is_said_in_the_log(tmp_path: Path):
@@ -39,3 +41,30 @@ def test_a_full_ring_buffer_is_said_in_the_log(tmp_path: Path):
     assert log.count("losing events: ring_buffer_full") == 1
     final = re.search(r"WARNING events lost while running: ring_buffer_full (\d+)", log)
     assert final and int(final.group(1)) == lost, log
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "aiohttp"])
+def test_a_flood_of_stream_writes_never_costs_a_request_its_record(tmp_path: Path, server: str):
+    """40 POSTs answered with 300 events each, a write each, while nothing
+    drains the ring: 12,000 write events, several times what 1 MiB holds. The
+    write events give way (counted as write_ring_full) and every request's own
+    record still arrives: the agent stitches as many as httpx got answers."""
+    require_root()
+    httpx = pytest.importorskip("httpx")
+    (tmp_path / "agent").mkdir()
+    with (running_agent(tmp_path / "agent", {}, {}, {"ring_buffer_mib": 1}) as agent,
+          Peer(agent, server, f"flood-{server[:3]}") as peer):
+        os.kill(agent.proc.pid, signal.SIGSTOP)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{peer.port}", timeout=30) as client:
+                events = [client.post("/stream", params={"events": 300}, json={"n": i}).text.count("data:")
+                          for i in range(40)]
+        finally:
+            os.kill(agent.proc.pid, signal.SIGCONT)
+        assert events == [300] * 40
+        stitched = wait_until(lambda: agent.metric("http_server_request_duration_seconds_count",
+                                                   http_route="/stream") == 40 or None, 20,
+                              "every request stitched")
+        assert stitched
+        assert agent.metric("sitsprobe_events_lost_total", reason="ring_buffer_full") == 0
+        assert agent.metric("sitsprobe_events_lost_total", reason="write_ring_full") > 12_000 - 2_400
