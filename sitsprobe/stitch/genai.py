@@ -110,8 +110,8 @@ def merge(markers: GenAI | None, wire: GenAI | None) -> GenAI | None:
     if markers is None or wire is None:
         return markers or wire
     told = markers.usage_source is not None
-    return replace(
-        wire, source="markers", operation=wire.operation or markers.operation,
+    return wire._replace(
+        source="markers", operation=wire.operation or markers.operation,
         provider=wire.provider or markers.provider,
         request_model=markers.request_model or wire.request_model,
         input_tokens=markers.input_tokens if told else wire.input_tokens,
@@ -159,10 +159,10 @@ def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bo
     approximate = p.writes_total > len(p.writes) or unsure
     sure = not approximate and g.error_type is None and (ended or chunks_ended or b"[DONE]" in tail)
     empty = False if g.content_events else True if sure else None
-    g = _fill(replace(g, events_approximate=approximate, answer_empty=empty), shape, tail,
+    g = _fill(g._replace(events_approximate=approximate, answer_empty=empty), shape, tail,
               "stream_usage")
     if g.usage_source is None and g.events and (g.content_events or not approximate):
-        g = replace(g, output_tokens=g.content_events, usage_source="counted_events")
+        g = g._replace(output_tokens=g.content_events, usage_source="counted_events")
     return g
 
 
@@ -206,7 +206,7 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
             last = w.ts_ns if last is None else max(last, w.ts_ns)
     if not extra:
         return g, unsure
-    return replace(g, events=g.events + extra, content_events=g.content_events + content,
+    return g._replace(events=g.events + extra, content_events=g.content_events + content,
                    first_token_ns=first, last_token_ns=last), unsure
 
 
@@ -437,8 +437,8 @@ def _stream(shape: Shape, g: GenAI, events: list[tuple[int, bytes]], status):
         if lk.input_tokens is not None or lk.output_tokens is not None:
             inputs, outputs = lk.input_tokens, lk.output_tokens  # the last count is the final one
     after = times[content_at[0]:] if content_at else []
-    return replace(
-        g, streaming=True, events=len(times), content_events=len(content_at),
+    return g._replace(
+        streaming=True, events=len(times), content_events=len(content_at),
         first_token_ns=times[content_at[0]] if content_at else None,
         last_token_ns=times[content_at[-1]] if content_at else None,
         max_gap_ns=max(map(sub, after[1:], after), default=None),
@@ -467,22 +467,22 @@ def _whole(req: Request, p: Payload, shape: Shape, g: GenAI, head, status,
                     if rh.chunked else body)
     if obj is None:
         text = b"\n\x00\n".join([pc.data for pc in pieces] + [_tail_text(p.response_tail)])
-        g = _fill(replace(g, error_type=str(status) if (status or 0) >= 400 else None), shape,
+        g = _fill(g._replace(error_type=str(status) if (status or 0) >= 400 else None), shape,
                   text, "body")
     elif (error := shapes.error_of(obj, status)) is not None or (status or 0) >= 400:
-        return replace(g, error_type=error or str(status))
+        return g._replace(error_type=error or str(status))
     else:
         lk = shape.look(obj)
         told = lk.input_tokens is not None or lk.output_tokens is not None
         valid = all(map(shapes.is_json, lk.texts)) if g.json_requested and lk.texts else None
-        g = replace(g, response_model=label(lk.model, MAX_NAME),
+        g = g._replace(response_model=label(lk.model, MAX_NAME),
                     finish_reasons=shapes.labels(lk.finish), input_tokens=lk.input_tokens,
                     output_tokens=lk.output_tokens, usage_source="body" if told else None,
                     answer_empty=not lk.content, json_valid=valid)
     if g.usage_source is None and head is not None:  # the server's own count, in headers (TGI)
         n_in, n_out = (_number(head.headers.get(k, "")) for k in shape.usage_headers)
         if n_in is not None or n_out is not None:
-            g = replace(g, input_tokens=n_in, output_tokens=n_out, usage_source="body")
+            g = g._replace(input_tokens=n_in, output_tokens=n_out, usage_source="body")
     return g
 
 
@@ -492,10 +492,10 @@ def _fill(g: GenAI, shape: Shape, text: bytes, source: str) -> GenAI:
     if g.usage_source is None:
         n_in, n_out = (shapes.last_count(k, text) for k in (shape.input_keys, shape.output_keys))
         if n_in is not None or n_out is not None:
-            g = replace(g, input_tokens=n_in, output_tokens=n_out, usage_source=source)
+            g = g._replace(input_tokens=n_in, output_tokens=n_out, usage_source=source)
     more = shape.finishes(text)
     model = g.response_model or label(shapes.scan(("model",), text), MAX_NAME)
-    return replace(g, finish_reasons=shapes.labels([*g.finish_reasons, *more]),
+    return g._replace(finish_reasons=shapes.labels([*g.finish_reasons, *more]),
                    response_model=model)
 
 
