@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
+class Endpoint(NamedTuple):  # NamedTuples where one is made per exchange or stage: a third of the cost
     address: str  # "127.0.0.1", "::1"
     port: int
 
@@ -56,8 +55,7 @@ class H2:
     window_updates: int = 0  # WINDOW_UPDATEs the sender got on its connection, by the stream's end
 
 
-@dataclass(frozen=True, slots=True)
-class Stage:
+class Stage(NamedTuple):
     """An engine stage (queue, prefill, a decode step, ...) a request went through."""
 
     name: str
