@@ -113,7 +113,10 @@ def label(v: Any, cap: int = MAX_LABEL) -> str | None:
     """A string fit to export: printable characters only, stripped, capped."""
     if not isinstance(v, str):
         return None
-    return "".join(c for c in v[: cap * 4] if c.isprintable()).strip()[:cap] or None
+    v = v[: cap * 4]
+    if not v.isprintable():  # rare: the character by character filter only then
+        v = "".join(c for c in v if c.isprintable())
+    return v.strip()[:cap] or None
 
 
 def labels(values) -> tuple[str, ...]:

@@ -119,8 +119,10 @@ def _engine_timeline(out: list[int], start: int, end: int, spans: list[tuple[int
     at = start
     for t, step, seg in events:
         if t > at:
-            held = next((p for p in _PRIORITY if active[p]), None)
-            if held is None:
+            for held in _PRIORITY:
+                if active[held]:
+                    break
+            else:
                 held = COMPUTE if first <= at and t <= last else NETWORK
             out[held] += t - at
             at = t
