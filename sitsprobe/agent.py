@@ -118,6 +118,7 @@ class Agent:
         self.hooks: dict[str, str] = {}
         self.ready = False
         self.requests_seen = 0
+        self._export_cpu = 0.0  # CPU seconds _export spent, in all
         self._shapes: dict[int, tuple[str, str] | None] = {}  # the kernel's shape -> (method, route)
         self.probe = None
         self.markers = None
@@ -555,10 +556,14 @@ class Agent:
         self._emit(self.streams.on_chunk(ch))
 
     def _on_exchange(self, ex: Exchange) -> None:
-        requests = self.stitcher.on_exchange(ex)
-        if ex.flags & CF_BINNED:  # the kernel counted it, and sent it for a trace
-            requests = [r._replace(binned=True) for r in requests]
-        self._take(ex, requests)
+        if not ex.flags & CF_BINNED:
+            self._take(ex, self.stitcher.on_exchange(ex))
+            return
+        # the kernel counted it, and sent it for a trace only: what it costs
+        # here is tracing's, charged to the budget (its export charges itself)
+        began, exported = time.thread_time(), self._export_cpu
+        self._take(ex, [r._replace(binned=True) for r in self.stitcher.on_exchange(ex)])
+        self.sampler.charge(time.thread_time() - began - (self._export_cpu - exported))
 
     def _take(self, ex: Exchange, requests: list[Request]) -> None:
         """Requests stitched from ex (none: a duplicate of one already reported)."""
@@ -667,7 +672,9 @@ class Agent:
         exporter's sender spends is charged by the exporter)."""
         began = time.thread_time()
         self.exporter.export_trace(t, self._enrich)
-        self.sampler.charge(time.thread_time() - began)
+        spent = time.thread_time() - began
+        self._export_cpu += spent
+        self.sampler.charge(spent)
 
     def _flush(self, everything: bool = False) -> dict[int, float]:
         """Report responses whose framing says they are done (with

@@ -88,9 +88,10 @@ class TraceSampler:
         return len(self._slowest)
 
     def charge(self, cpu_seconds: float) -> None:
-        """Add CPU the agent spent on traces it exported: turning them into
-        spans, and sending them. Call it from any thread. A negative or
-        non-finite value is ignored."""
+        """Add CPU the agent spent on tracing: turning requests into spans
+        and sending them, and stitching the requests the kernel sent only to
+        be offered here. Call it from any thread. A negative or non-finite
+        value is ignored."""
         if not cpu_seconds > 0 or not math.isfinite(cpu_seconds):
             return
         with self._lock:
