@@ -8,7 +8,7 @@ LF is accepted as a line end as well as CRLF.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from sitsprobe.request import TraceParent
 
@@ -31,8 +31,7 @@ _REQUEST_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+) ([^\x00-\x20\x7f]+) 
 _LOWER_HEX = "0123456789abcdef"
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHead:
+class RequestHead(NamedTuple):  # NamedTuples: one of each is made per exchange
     method: str
     target: str  # as sent, latin-1, at most MAX_TARGET characters
     path: str  # target without query or fragment; origin path of an absolute-form target
@@ -45,8 +44,7 @@ class RequestHead:
     size: int | None = None  # head and Content-Length body in bytes, when both are known
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseHead:
+class ResponseHead(NamedTuple):
     version: str
     status: int
     reason: str
@@ -95,7 +93,7 @@ def parse_request_heads(data: bytes, limit: int = 16) -> list[RequestHead]:
             break
         chunked = "transfer-encoding" in head.headers
         if end >= 0 and not chunked:
-            head = replace(head, size=end - pos + (head.content_length or 0))
+            head = head._replace(size=end - pos + (head.content_length or 0))
         heads.append(head)
         if end < 0 or chunked:
             break
