@@ -108,8 +108,7 @@ class Write(NamedTuple):  # a tuple: a stream makes one a token, and it is made 
     scanned: int = 0  # ... in its first `scanned` bytes (0: not counted, the peek is all of it)
 
 
-@dataclass(frozen=True, slots=True)
-class Payload:
+class Payload(NamedTuple):
     """What the kernel kept of one exchange's payloads beyond the request head,
     for :mod:`sitsprobe.stitch.genai`; bounded by ``capture.genai``, never
     exported. Pieces may overlap one another and the head: each says where

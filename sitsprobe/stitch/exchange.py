@@ -13,7 +13,6 @@ they wait here, bounded, and join its payload when it arrives.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import replace
 
 from ..abi import CF_BY_PROCESS, CF_CLIENT, CF_TLS
 from ..events import END_EXIT, Beat, Exchange
@@ -55,7 +54,7 @@ class Stitcher:
         if writes is None:
             return ex
         self._writes_held -= len(writes)
-        return ex if ex.payload is None else ex._replace(payload=replace(ex.payload, writes=tuple(writes)))
+        return ex if ex.payload is None else ex._replace(payload=ex.payload._replace(writes=tuple(writes)))
 
     def on_exchange(self, ex: Exchange) -> list[Request]:
         """An exchange the kernel reported."""

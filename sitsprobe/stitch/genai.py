@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import replace
 from operator import sub
 from typing import NamedTuple
 
@@ -233,7 +232,7 @@ def _final_response(p: Payload) -> Payload:
             break
         w, rest = writes[0], writes[0].peek[head.head_size:]
         writes = (Write(w.ts_ns, w.size - head.head_size, rest),) * bool(rest) + writes[1:]
-    return replace(p, writes=writes, writes_total=p.writes_total - (len(p.writes) - len(writes)))
+    return p._replace(writes=writes, writes_total=p.writes_total - (len(p.writes) - len(writes)))
 
 
 def _body(p: Payload, head: ResponseHead | None) -> tuple[list[_Piece], bool]:
