@@ -67,4 +67,5 @@ def test_a_flood_of_stream_writes_never_costs_a_request_its_record(tmp_path: Pat
                               "every request stitched")
         assert stitched
         assert agent.metric("sitsprobe_events_lost_total", reason="ring_buffer_full") == 0
-        assert agent.metric("sitsprobe_events_lost_total", reason="write_ring_full") > 12_000 - 2_400
+        # the flood was real: more write events lost than the whole ring holds (about 2,400)
+        assert agent.metric("sitsprobe_events_lost_total", reason="write_ring_full") > 6_000
