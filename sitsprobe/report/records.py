@@ -114,8 +114,9 @@ class RequestRecord:
             trace_id = f"{trace_id:032x}"
         stages: dict[str, int] = {}
         if req.inference is not None:
-            for st in req.inference.stages:  # as TraceExporter._engine_spans makes them
-                stages[st.name] = stages.get(st.name, 0) + max(0, wall(st.end_ns) - wall(st.start_ns))
+            for st in req.inference.stages:  # as TraceExporter._engine_spans makes them (a
+                # span's ends convert with one offset: its duration is the monotonic one)
+                stages[st.name] = stages.get(st.name, 0) + max(0, st.end_ns - st.start_ns)
             for c in req.inference.cache:
                 name = f"cache_get {c.cache}"
                 stages[name] = stages.get(name, 0)
