@@ -459,18 +459,22 @@ static __always_inline void start_body(struct conn *c, __u64 key, int whole)
  * long write's lines is a loop the exit program has no room for. */
 struct beat_state {
     struct beat b; /* all but peek and peek_len */
+    __u32 index;  /* which of its response's writes, from 1 */
     __u64 buf;
     __u64 n;      /* bytes of buf written; 0: no beat pending */
     __u64 window; /* the last bytes counted, newest lowest */
 };
 BPF_PERCPU_ARRAY(beat_states, struct beat_state, 1);
 /* Write events sent, and read: the agent writes its count after each drain.
- * Those unread may fill three quarters of the ring, no more, so that a flood
- * of stream writes the agent is late to drain never costs a request its
- * record (bcc has no ringbuf_query method to ask the ring itself). */
+ * Those unread may fill five eighths of the ring; a response's first
+ * FIRST_WRITES (its head and first tokens: the time to first token) three
+ * quarters; the last quarter is the exchanges'. So a flood of stream writes
+ * the agent is late to drain never costs a request its record, nor a stream
+ * its first token (bcc has no ringbuf_query method to ask the ring itself). */
 BPF_ARRAY(beats_sent, __u64, 1);
 BPF_ARRAY(beats_read, __u64, 1);
-#define BEAT_ROOM (RINGBUF_PAGES * 4096ULL / 4 * 3 / ((sizeof(struct beat) + 15) & ~7ULL))
+#define BEAT_EIGHTHS(n) (RINGBUF_PAGES * 4096ULL / 8 * (n) / ((sizeof(struct beat) + 15) & ~7ULL))
+#define FIRST_WRITES 4
 
 static __always_inline void beat(struct conn *c, struct body *b, struct args *a, __u64 buf,
                                  __u64 len, long ret)
@@ -486,6 +490,7 @@ static __always_inline void beat(struct conn *c, struct body *b, struct args *a,
     st->b.size = ret;
     st->b.pipeline = c->pipeline;
     st->b.data_lines = st->b.json_lines = st->b.scanned = 0;
+    st->index = b->writes;
     st->window = '\n'; /* the write begins a line */
     st->buf = buf;
     st->n = ret < len ? ret : len;
@@ -534,7 +539,7 @@ static __always_inline int send_beat_(void *ctx, int user)
     __u64 n = st->n, buf = st->buf;
     st->n = 0;
     __u64 *sent = beats_sent.lookup(&zero), *read = beats_read.lookup(&zero);
-    if (!sent || !read || *sent - *read >= BEAT_ROOM) {
+    if (!sent || !read || *sent - *read >= (st->index <= FIRST_WRITES ? BEAT_EIGHTHS(6) : BEAT_EIGHTHS(5))) {
         count(C_WRITES_LOST); /* they give way: what is left of the ring is for the exchanges */
         return 0;
     }

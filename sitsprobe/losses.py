@@ -27,10 +27,10 @@ ADVICE = {
                                         "neither stitched nor counted)",
     "payload_table_full": "more POST exchanges in progress at once than capture.max_payloads: "
                           "those get no gen_ai.* attributes from the wire",
-    "write_ring_full": "the agent was late to drain response write events (they may fill three "
-                       "quarters of the ring, then give way to requests): raise ring_buffer_mib, give "
-                       "the agent more CPU, or lower capture.max_writes; those streams' token timings "
-                       "are a floor (sitsprobe.genai.events_approximate)",
+    "write_ring_full": "the agent was late to drain response write events (they may fill five "
+                       "eighths of the ring, then give way to requests and first tokens): raise "
+                       "ring_buffer_mib, give the agent more CPU, or lower capture.max_writes; those "
+                       "streams' token timings are a floor (sitsprobe.genai.events_approximate)",
     "stream_ring_full": "HTTP/2 and gRPC bytes the agent did not drain in time: give it more CPU, "
                         "or lower capture.stream_bytes; those connections' later streams are partial",
     "write_queue_full": "more response write events waited for their exchanges at once than the "

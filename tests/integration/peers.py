@@ -15,8 +15,9 @@ bytes each connection received, exactly as read, to DIR/conn-N.raw.
                                   each gap (len(gaps) + 1 events), then the end
   GET  /json/ANY                  200, a small JSON body
   GET  /status/NNN                status NNN, body "status NNN\\n"
-  POST /v1/chat/completions       (uvicorn) a fixed OpenAI chat completion
-  POST /stream?events=N           text/event-stream: N events, a write each, at once
+  POST /v1/chat/completions       (uvicorn) a fixed OpenAI chat completion; with
+                                  "stream": true and ?events=N (both servers), N
+                                  OpenAI chunks and [DONE], a write each, at once
 
 `status_locations` gives nginx one location per status.
 """
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import ctypes
 import itertools
+import json
 import os
 import socket
 import sys
@@ -42,6 +44,14 @@ COMPLETION = {
 
 def event(i: int) -> bytes:
     return f"data: token {i}\n\n".encode()
+
+
+def chunks(n: int):
+    """An OpenAI chat stream of n tokens, as SSE events, then [DONE]."""
+    for i in range(n):
+        yield b'data: {"object":"chat.completion.chunk","model":"flood-1","choices":[{"index":0,' \
+              b'"delta":{"content":"t%d"}}]}\n\n' % i
+    yield b"data: [DONE]\n\n"
 
 
 def sse_schedule(query) -> tuple[float, list[float]]:
@@ -78,21 +88,22 @@ def starlette_app():
         return PlainTextResponse(f"status {code}\n", status_code=code)
 
     async def chat(request):
-        await request.body()
-        return JSONResponse(COMPLETION)
-
-    async def stream(request):
-        await request.body()
+        try:
+            stream = json.loads(await request.body()).get("stream") is True
+        except (ValueError, AttributeError):  # not a JSON object: the fixed completion
+            stream = False
+        if not stream:
+            return JSONResponse(COMPLETION)
 
         async def events():
-            for i in range(int(request.query_params["events"])):
-                yield event(i)
+            for chunk in chunks(int(request.query_params["events"])):
+                yield chunk
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
     return Starlette(routes=[
         Route("/sse", sse), Route("/json/{rest:path}", as_json), Route("/status/{code:int}", status),
-        Route("/v1/chat/completions", chat, methods=["POST"]), Route("/stream", stream, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
     ])
 
 
@@ -152,17 +163,17 @@ def aiohttp_app():
         code = int(request.match_info["code"])
         return web.Response(status=code, text=f"status {code}\n")
 
-    async def stream(request):
+    async def chat_stream(request):
         await request.read()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for i in range(int(request.query["events"])):
-            await resp.write(event(i))
+        for chunk in chunks(int(request.query["events"])):
+            await resp.write(chunk)
         await resp.write_eof()
         return resp
 
     app = web.Application()
-    app.router.add_post("/stream", stream)
+    app.router.add_post("/v1/chat/completions", chat_stream)
     app.router.add_get("/sse", sse)
     app.router.add_get("/json/{rest:.*}", as_json)
     app.router.add_get("/status/{code}", status)

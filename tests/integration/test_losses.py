@@ -45,10 +45,12 @@ def test_a_full_ring_buffer_is_said_in_the_log(tmp_path: Path):
 
 @pytest.mark.parametrize("server", ["uvicorn", "aiohttp"])
 def test_a_flood_of_stream_writes_never_costs_a_request_its_record(tmp_path: Path, server: str):
-    """40 POSTs answered with 300 events each, a write each, while nothing
-    drains the ring: 12,000 write events, several times what 1 MiB holds. The
-    write events give way (counted as write_ring_full) and every request's own
-    record still arrives: the agent stitches as many as httpx got answers."""
+    """40 OpenAI chat streams of 300 tokens, a write each, while nothing
+    drains the ring: some 12,000 write events, several times what 1 MiB
+    holds. The write events give way (counted as write_ring_full); every
+    request's own record still arrives, the agent stitching as many as httpx
+    got answers, and so does every stream's first token, which the kernel
+    keeps before the rest: each has its time to first token."""
     require_root()
     httpx = pytest.importorskip("httpx")
     (tmp_path / "agent").mkdir()
@@ -57,15 +59,17 @@ def test_a_flood_of_stream_writes_never_costs_a_request_its_record(tmp_path: Pat
         os.kill(agent.proc.pid, signal.SIGSTOP)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{peer.port}", timeout=30) as client:
-                events = [client.post("/stream", params={"events": 300}, json={"n": i}).text.count("data:")
+                tokens = [client.post("/v1/chat/completions", params={"events": 300},
+                                      json={"model": "flood-1", "stream": True, "messages": [
+                                          {"role": "user", "content": f"n{i}"}]}).text.count('"content"')
                           for i in range(40)]
         finally:
             os.kill(agent.proc.pid, signal.SIGCONT)
-        assert events == [300] * 40
-        stitched = wait_until(lambda: agent.metric("http_server_request_duration_seconds_count",
-                                                   http_route="/stream") == 40 or None, 20,
-                              "every request stitched")
-        assert stitched
+        assert tokens == [300] * 40
+        wait_until(lambda: agent.metric("http_server_request_duration_seconds_count",
+                                        http_route="/v1/chat/completions") == 40 or None, 20,
+                   "every request stitched")
         assert agent.metric("sitsprobe_events_lost_total", reason="ring_buffer_full") == 0
         # the flood was real: more write events lost than the whole ring holds (about 2,400)
         assert agent.metric("sitsprobe_events_lost_total", reason="write_ring_full") > 6_000
+        assert agent.metric("gen_ai_server_time_to_first_token_seconds_count") == 40
