@@ -347,7 +347,7 @@ class NetProbe:
         if self._beats_read != self._beats_told:  # the kernel's write events may use the room again
             self._beats_told = self._beats_read
             self._lib.bpf_update_elem(self._beats_read_fd, ct.byref(ct.c_int(0)),
-                                ct.byref(ct.c_uint64(self._beats_read)), 0)
+                                      ct.byref(ct.c_uint64(self._beats_read)), 0)
 
     def open_exchanges(self) -> list[tuple[Exchange, int]]:
         """Every connection with an exchange in progress, with its state.

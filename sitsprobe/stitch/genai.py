@@ -278,7 +278,8 @@ def _dechunk(segments) -> tuple[list[_Piece], bool]:
                 continue
             mode, line = "size", b""
         if mode == "size" and not line and not unseen and data[-2:] == b"\r\n" \
-                and (m := _SIZE_LINE.match(data)) and (n := int(m[1], 16)) and len(data) == (e := m.end()) + n + 2:
+                and (m := _SIZE_LINE.match(data)) and (n := int(m[1], 16)) \
+                and len(data) == (e := m.end()) + n + 2:
             out.append(_Piece(ts, data[e:-2], gap))  # the common write: one whole chunk
             gap = False
             continue

@@ -216,7 +216,8 @@ def _visible(keys: bytes, *more: bytes) -> Callable[[bytes], bool]:
     def visible(data: bytes) -> bool:
         for key in compact:
             i = data.find(key)
-            if i >= 0 and (i == 0 or data[i - 1] != 0x5C) and data[i + len(key):i + len(key) + 1] not in (b'"', b""):
+            after = i + len(key)
+            if i >= 0 and (i == 0 or data[i - 1] != 0x5C) and data[after:after + 1] not in (b'"', b""):
                 return True  # what the regex would match there: the quote is not escaped, the string not empty
         return rx.search(data) is not None
     return visible

@@ -122,7 +122,8 @@ def test_a_response_is_due_only_when_its_framing_says_it_ended():
     assert not s.due(exchange(resp=chunked, status=200, bytes_out=10_000))  # a stream, paused
     assert s.due(exchange(resp=chunked, status=200, flags=CF_TUPLE | CF_CHUNK_END))
     # the terminator split over writes: not in the last one, but in the kept tail
-    assert s.due(exchange(resp=chunked, status=200, payload=Payload(response_tail=b"data: x\n\n\r\n0\r\n\r\n")))
+    split_end = Payload(response_tail=b"data: x\n\n\r\n0\r\n\r\n")
+    assert s.due(exchange(resp=chunked, status=200, payload=split_end))
     assert not s.due(exchange(resp=chunked, status=200, payload=Payload(response_tail=b"data: x\n\n\r\n")))
     close_delimited = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
     assert not s.due(exchange(resp=close_delimited, status=200, bytes_out=10**9))
