@@ -81,7 +81,11 @@ def main() -> int:
     ap.add_argument("--metrics-port", type=int, default=9102)
     a = ap.parse_args()
     logging.basicConfig(level="WARNING", format="%(levelname)s %(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the engine and the load go too
+    # a stop is an event the loop reads, not an exception: raised in the main thread it could land in
+    # a ring buffer's callback, where ctypes prints and swallows it, and the demo would run on
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
 
     engine, port = start_engine()
     Path(a.traces_file).unlink(missing_ok=True)
@@ -95,15 +99,15 @@ def main() -> int:
     load = None
     try:
         agent.start()
-        agent.run(threading.Event(), duration_s=1.0)  # attach to the engine's markers
+        agent.run(stop, duration_s=1.0)  # attach to the engine's markers
         load = subprocess.Popen(
             [sys.executable, str(HERE / "loadgen.py"), "--url", f"http://127.0.0.1:{port}",
              "--rate", str(a.rate), "--requests", str(int(a.rate * 2 * a.duration)), "--stream",
              "--turns", "2", "--shared-prefix", "0.5", "--max-tokens", "12", "--json", "/dev/null"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         end, last = time.monotonic() + a.duration, 0
-        while time.monotonic() < end and load.poll() is None:
-            agent.run(threading.Event(), duration_s=1.0)
+        while not stop.is_set() and time.monotonic() < end and load.poll() is None:
+            agent.run(stop, duration_s=1.0)
             print(live_line(agent, last), flush=True)
             last = agent.requests_seen
     finally:

@@ -125,7 +125,7 @@ def test_every_dashboard_and_rule_expression_returns_data_from_the_demo(tmp_path
     demo = subprocess.Popen(
         [sys.executable, "examples/demo.py", "--duration", "90", "--metrics-port", str(demo_port),
          "--traces-file", str(tmp_path / "traces.jsonl")],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "demo.log").open("w"))
+        cwd=ROOT, stdout=(tmp_path / "demo.out").open("w"), stderr=(tmp_path / "demo.log").open("w"))
     redis = RedisServer()
     conf = tmp_path / "redis-agent.yaml"
     conf.write_text(yaml.safe_dump({"select": {"ports": [redis.port]}, "metrics": {"port": redis_agent_port},
@@ -177,7 +177,13 @@ def test_every_dashboard_and_rule_expression_returns_data_from_the_demo(tmp_path
     finally:
         stop.set()
         prom.stop()
+        stopped = time.monotonic()
         for p in (demo, redis_agent):
             p.terminate()
             p.wait(30)
+        stopped = time.monotonic() - stopped
         redis.stop()
+    # a stop (SIGTERM) ends the demo within the agent's stop_timeout_s, with its traces drawn
+    out = (tmp_path / "demo.out").read_text()
+    assert demo.returncode == 0 and stopped < 15, (demo.returncode, stopped, out[-2000:])
+    assert f"traces: {tmp_path / 'traces.jsonl'}" in out and "one trace (" in out, out[-2000:]
