@@ -6,6 +6,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from importlib import resources
 from operator import itemgetter
@@ -206,6 +207,16 @@ class ChunkDecoder:
                      buf[self._size:self._size + n], link_key, link_start)
 
 
+def load_side_by_side(bpf, names: Iterable[bytes], prog_type: int) -> list:
+    """The programs loaded at once, one thread each: verifying them is most of
+    a start's load time (send_chunk and sock_io about 0.3 s each here), the
+    kernel verifies each on its own core, and bcc's load holds no lock of
+    ours nor the GIL."""
+    names = list(names)
+    with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="bpf-load") as pool:
+        return list(pool.map(lambda name: bpf.load_func(name, prog_type), names))
+
+
 class NetProbe:
     """The loaded network program and its maps. Only this class touches them."""
 
@@ -222,10 +233,10 @@ class NetProbe:
         self.socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
         # tail-called, never attached; each of the type of the programs that call it
         caller = BPF.RAW_TRACEPOINT if self.socket_tier else BPF.TRACEPOINT
-        for i, name in enumerate(TAILS):
-            self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(self._bpf.load_func(name, caller).fd)
-        if "-DBINS=1" in flags:
-            self._bpf[b"scan_prog"][ct.c_int(len(TAILS))] = ct.c_int(self._bpf.load_func(b"find_shape", caller).fd)
+        tails = (*TAILS, b"find_shape") if "-DBINS=1" in flags else TAILS
+        loaded = load_side_by_side(self._bpf, (*tails, b"sock_io") if self.socket_tier else tails, caller)
+        for i, fn in enumerate(loaded[:len(tails)]):
+            self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(fn.fd)
         if self.socket_tier:
             for tp in (b"sock_send_length", b"sock_recv_length"):  # one program, both ways
                 self._bpf.attach_raw_tracepoint(tp=tp, fn_name=b"sock_io")
@@ -287,8 +298,8 @@ class NetProbe:
         if self._user_tails:
             return
         table = self._bpf[b"uscan_prog"]
-        for i, name in enumerate(TAILS):
-            table[ct.c_int(i)] = ct.c_int(self._bpf.load_func(b"u" + name, BPF.KPROBE).fd)
+        for i, fn in enumerate(load_side_by_side(self._bpf, [b"u" + name for name in TAILS], BPF.KPROBE)):
+            table[ct.c_int(i)] = ct.c_int(fn.fd)
         self._user_tails = True
 
     def track(self, tgid: int) -> None:
