@@ -149,7 +149,7 @@ class Agent:
     def start(self) -> None:
         from .probes.memory import release_compiler
         from .probes.net import NetProbe
-        from .probes.net_plan import plan_net
+        from .probes.net_plan import load_net
 
         mounted = tracefs.ensure_mounted()
         if mounted:
@@ -161,12 +161,10 @@ class Agent:
                 f"; {choice.note}" if choice.note else "")
         if note:
             log.info("%s", note)
-        net = plan_net(self.config)
+        net, self.probe = load_net(self.config, lambda flags: NetProbe(
+            flags, self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat,
+            self._on_chunk))
         self.hooks = {point: str(h) for point, h in net.hooks.items() if h}
-        self.probe = NetProbe(
-            net.flags,
-            self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat,
-            self._on_chunk)
         if self.probe.bins is not None:
             self.metrics.bins = self._bin_rows  # read at every scrape
             self._kernel_sampling()

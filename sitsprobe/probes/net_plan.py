@@ -3,7 +3,8 @@ compiled with: what `sitsprobe run` loads, and what `run --ebpf` prints."""
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 from ..config import Config
 from ..errors import SitsprobeError
@@ -13,6 +14,7 @@ from .bins import bin_flags
 from .net import cflags
 
 log = logging.getLogger("sitsprobe")
+T = TypeVar("T")
 
 
 class NetPlan(NamedTuple):
@@ -20,25 +22,55 @@ class NetPlan(NamedTuple):
     flags: list[str]  # net.c's -D flags
 
 
-def plan_net(config: Config) -> NetPlan:
-    """Probe the kernel (tiny programs: probes.capability), choose the socket
-    tier and each hook, and say in the log what was chosen and what fell back."""
+def plan_net(config: Config, main: dict[str, capability.Capability] | None = None) -> NetPlan:
+    """Probe the kernel (tiny programs: probes.capability; ``main``: what its
+    main group said, if already probed), choose the socket tier and each hook,
+    and say in the log what was chosen and what fell back."""
     wanted = config.socket_hooks
+    caps = capability.probe_all(only=("main",)) if main is None else main
     # what the plan needs: tcp_sendmsg's fentry only on the syscall tier
-    caps = capability.probe_all(only=("main",))
     if wanted == "syscall" or not caps["sock_tracepoint"].ok:
         caps |= capability.probe_all(only=("fentry",))
+    return _plan(config, caps, say=True)
+
+
+def load_net(config: Config, load: Callable[[list[str]], T]) -> tuple[NetPlan, T]:
+    """The plan, and what ``load`` (net.c's compile and load) made of its
+    flags. The kernel is probed in a child process (capability.ProbeAside)
+    while ``load`` runs on the flags every hook working would give; where the
+    probe then plans otherwise, that is closed and ``load`` runs again on the
+    plan's: a second compile, only on kernels without the best hooks."""
+    aside = capability.ProbeAside(("main",))
+    guess = _plan(config, capability.main_assumed(), say=False)
+    try:
+        made = load(guess.flags)
+    except Exception as e:  # the plan says, or the second try raises, what is wrong
+        log.debug("net.c on the flags guessed before the probe: %s", e)
+        made = None
+    net = plan_net(config, aside.result())
+    if made is not None and net.flags == guess.flags:
+        return net, made
+    if made is not None:
+        log.info("this kernel lacks hooks the guess had: net.c compiled again for the plan")
+        made.close()
+    return net, load(net.flags)
+
+
+def _plan(config: Config, caps: dict[str, capability.Capability], say: bool) -> NetPlan:
+    wanted = config.socket_hooks
     plan = capability.plan(caps, socket_hooks=wanted)["net"]
-    for line in capability.fallback_notes({"net": plan}, caps, wanted):
-        log.info("%s", line)
+    if say:
+        for line in capability.fallback_notes({"net": plan}, caps, wanted):
+            log.info("%s", line)
     io_hook, tcp_hook = plan["socket_io"], plan.get("tcp_sendmsg")
     if io_hook is None:
         raise SitsprobeError(f"no hook for the bytes of socket calls on this kernel (socket_hooks: "
                              f"{wanted}; see `sitsprobe doctor`)")
     if io_hook == hooks.SYSCALL_TIER and tcp_hook is None:
         raise SitsprobeError("no hook for tcp_sendmsg on this kernel (see `sitsprobe doctor`)")
-    log.info("socket calls read through %s%s", io_hook, "" if wanted == "auto" else f" (socket_hooks: {wanted})")
-    run_queue, pid_offset = _run_queue(config, plan)
+    if say:
+        log.info("socket calls read through %s%s", io_hook, "" if wanted == "auto" else f" (socket_hooks: {wanted})")
+    run_queue, pid_offset = _run_queue(config, plan, say)
     cap, stitch = config.capture, config.stitch
     flags = cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
                    max_connections=stitch.max_connections, ring_buffer_mib=config.ring_buffer_mib,
@@ -51,23 +83,28 @@ def plan_net(config: Config) -> NetPlan:
     return NetPlan(plan, flags)
 
 
-def _run_queue(config: Config, plan: dict) -> tuple[bool, int | None]:
+def _run_queue(config: Config, plan: dict, say: bool) -> tuple[bool, int | None]:
     """Whether the run-queue hooks go on (stitch.run_queue), and the pid
     offset in struct task_struct that makes them raw tracepoints (from the
-    kernel's BTF); the plan is told what the hooks are."""
+    kernel's BTF); the plan is told what the hooks are, and the log if ``say``."""
+    def tell(level: int, *args) -> None:
+        if say:
+            log.log(level, *args)
+
     if not config.stitch.run_queue:
         return False, None
     if plan["run_queue"] is not None and plan["run_queue"].kind == hooks.RAW_TRACEPOINT:
         offset = btf.member_offset("task_struct", "pid")
         if offset is not None:
             plan.pop("run_queue_wakeup", None)  # the raw pair is one point
-            log.info("run queue timed through %s", plan["run_queue"])
+            tell(logging.INFO, "run queue timed through %s", plan["run_queue"])
             return True, offset
-        log.info("run_queue: no task_struct.pid in the kernel's BTF; using tracepoint sched:sched_switch")
+        tell(logging.INFO, "run_queue: no task_struct.pid in the kernel's BTF; "
+             "using tracepoint sched:sched_switch")
         plan["run_queue"] = hooks.Hook(hooks.TRACEPOINT, "sched:sched_switch")
     if plan["run_queue"] and plan["run_queue_wakeup"]:
-        log.info("run queue timed through %s", plan["run_queue"])
+        tell(logging.INFO, "run queue timed through %s", plan["run_queue"])
         return True, None
-    log.warning("stitch.run_queue: sched:sched_switch or sched:sched_wakeup unavailable here; "
-                "sitsprobe.latency.scheduling_s holds only engine queue stages")
+    tell(logging.WARNING, "stitch.run_queue: sched:sched_switch or sched:sched_wakeup unavailable here; "
+         "sitsprobe.latency.scheduling_s holds only engine queue stages")
     return False, None

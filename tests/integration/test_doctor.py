@@ -201,3 +201,23 @@ def test_run_prints_80_columns_and_exits_0(capsys):
     assert max(len(line) for line in out.splitlines()) <= 80
     assert doctor.run(True) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
+
+
+def test_the_probe_aside_says_what_the_probe_here_says():
+    """A start probes the kernel in a child process (capability.ProbeAside)
+    while it compiles: the child's answer is this process's own."""
+    aside = capability.ProbeAside(("main",))
+    here = capability.probe_all(only=("main",))
+    there = aside.result()
+    assert {k: c.ok for k, c in there.items()} == {k: c.ok for k, c in here.items()}
+    assert [c.detail for c in there.values() if c.ok and c.kind != "btf"] and all(
+        c.detail.startswith("fired ") for c in there.values() if c.ok and c.kind != "btf")
+
+
+def test_a_probe_aside_that_fails_is_probed_here_and_said(monkeypatch, caplog):
+    monkeypatch.setattr(capability.sys, "executable", "/bin/false")
+    aside = capability.ProbeAside(("main",))
+    with caplog.at_level("WARNING", logger="sitsprobe"):
+        caps = aside.result()
+    assert "probing here" in caplog.text and "exit status 1" in caplog.text
+    assert caps.keys() == capability.main_assumed().keys() and caps["syscall_tracepoint"].ok

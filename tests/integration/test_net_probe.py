@@ -85,3 +85,48 @@ def test_an_open_exchange_is_given_as_responding_only_when_settled(probe):
         c.close()
     finally:
         server.stop()
+
+
+class _Loads:
+    """load_net's ``load``: the real probe on each set of flags, each kept."""
+
+    def __init__(self) -> None:
+        self.flags, self.made = [], []
+
+    def __call__(self, flags: list[str]) -> NetProbe:
+        self.flags.append(flags)
+        self.made.append(NetProbe(flags, lambda _ex: None, lambda _notice: None))
+        return self.made[-1]
+
+
+@pytest.mark.parametrize("sock_tracepoint", [True, False], ids=["guess-holds", "guess-belied"])
+def test_net_c_is_compiled_for_the_plan_the_probe_aside_gives(monkeypatch, sock_tracepoint):
+    """load_net compiles for every hook working while the kernel is probed in
+    a child process; where the probe says the socket tier cannot load, the
+    guess is closed and net.c compiled again, for the syscall tier."""
+    require_root()
+    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) is not importable")
+    from sitsprobe import config
+    from sitsprobe.probes.net_plan import load_net
+
+    probed = capability.ProbeAside.result
+    if not sock_tracepoint:
+        def result(self, timeout_s=60):
+            return probed(self, timeout_s) | {"sock_tracepoint": capability.Capability(
+                "sock_tracepoint", False, "sock_tracepoint: failed (as this test says)", "test")}
+        monkeypatch.setattr(capability.ProbeAside, "result", result)
+    elif not probed(capability.ProbeAside())["sock_tracepoint"].ok:
+        pytest.skip("the socket tier does not load here (see `sitsprobe doctor`)")
+    loads = _Loads()
+    net, probe = load_net(config.load(overrides={"select.ports": [8080]}), loads)
+    try:
+        assert "-DNET_TIER=1" in loads.flags[0]  # the guess: the socket tier
+        assert probe is loads.made[-1] and net.flags == loads.flags[-1]
+        if sock_tracepoint:
+            assert len(loads.made) == 1 and probe.socket_tier
+        else:
+            assert len(loads.made) == 2 and not probe.socket_tier
+            assert "-DNET_TIER=1" not in net.flags and str(net.hooks["socket_io"]).startswith("tracepoint")
+            assert loads.made[0]._bpf.module is None  # the guess closed: nothing of it left loaded
+    finally:
+        probe.close()
