@@ -14,8 +14,6 @@ import ctypes
 import dataclasses
 import errno
 import gzip
-import json
-import logging
 import os
 import re
 import socket
@@ -25,7 +23,6 @@ import tempfile
 
 from sitsprobe import tracefs
 
-log = logging.getLogger("sitsprobe")
 SYSCALL_TP, NET_TP, KFUNC = "syscalls:sys_enter_getppid", "sock:inet_sock_set_state", "tcp_sendmsg"
 # kind -> (how bcc attaches it, its arguments, what that is in words)
 _MAIN = {
@@ -296,6 +293,7 @@ def _probe_usdt(BPF, USDT, binary: str | None, probe: str | None) -> Capability:
 
 
 GROUPS = ("main", "fentry", "usdt", "ringbuf", "map_batch")  # each its own compile
+KINDS = {"main": tuple(_MAIN), "fentry": ("fentry",)}  # the hook kinds a group says, of those a plan reads
 
 
 def probe_all(*, root: str = "/", usdt_binary: str | None = None,
@@ -304,7 +302,7 @@ def probe_all(*, root: str = "/", usdt_binary: str | None = None,
     ``only``, just those groups (the agent asks for what its plan needs:
     each group costs a compile); "main" is the tracepoint, raw tracepoint,
     kprobe and uprobe kinds."""
-    caps = {"btf": _btf(root)}
+    caps = {"btf": btf_capability(root)}
     try:
         from bcc import BPF, USDT
     except ImportError as e:
@@ -324,55 +322,11 @@ def probe_all(*, root: str = "/", usdt_binary: str | None = None,
     return caps
 
 
-def _btf(root: str) -> Capability:
+def btf_capability(root: str = "/") -> Capability:
     btf = os.path.join(root, "sys/kernel/btf/vmlinux")
     if os.path.exists(btf):
         return Capability("btf", True, f"{btf} present")
     return Capability("btf", False, f"btf: {btf} missing (CONFIG_DEBUG_INFO_BTF unset)", "no BTF")
-
-
-def main_assumed(root: str = "/") -> dict[str, Capability]:
-    """What probe_all(only=("main",)) says where every hook kind works: the
-    guess a start compiles for while the probe runs aside."""
-    return {"btf": _btf(root)} | {k: Capability(k, True, "assumed, not yet probed") for k in _MAIN}
-
-
-class ProbeAside:
-    """probe_all(only=...) in a child process, so that this one can compile
-    meanwhile: a start's probe (a compile, attaching, firing, detaching: half
-    a second) then costs it nothing where there is a second core. result()
-    waits for it; if the child fails, the kernel is probed here instead, and
-    the log says why."""
-
-    def __init__(self, only: tuple[str, ...] = ("main",)) -> None:
-        self.only = only
-        package_home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (package_home, os.environ.get("PYTHONPATH")) if p))
-        self._child = subprocess.Popen(
-            [sys.executable, "-c", "from sitsprobe.probes.capability import _report; _report()", *only],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-
-    def result(self, timeout_s: float = 60) -> dict[str, Capability]:
-        try:
-            out, err = self._child.communicate(timeout=timeout_s)
-            if self._child.returncode == 0:
-                return {k: Capability(**v) for k, v in json.loads(out.splitlines()[-1]).items()}
-            why = f"exit status {self._child.returncode}: {err.decode(errors='replace').strip()[-300:]}"
-        except subprocess.TimeoutExpired:
-            self._child.kill()
-            self._child.communicate()
-            why = f"no answer in {timeout_s:g} s"
-        except (ValueError, TypeError, IndexError) as e:
-            why = f"unreadable answer ({e})"
-        log.warning("the kernel's capability probe failed in its child process (%s); probing here", why)
-        return probe_all(only=self.only)
-
-
-def _report() -> None:
-    """A ProbeAside's child: probe_all(only=argv) as JSON, the last line on stdout."""
-    caps = probe_all(only=tuple(sys.argv[1:]))
-    print(json.dumps({k: dataclasses.asdict(c) for k, c in caps.items()}))
 
 
 from sitsprobe.probes.plan import fallback_notes, plan  # noqa: E402  (re-export)

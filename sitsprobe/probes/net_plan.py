@@ -9,7 +9,7 @@ from typing import NamedTuple, TypeVar
 from ..config import Config
 from ..errors import SitsprobeError
 from ..export.prom import DURATION_BUCKETS, SEGMENT_BUCKETS
-from . import btf, capability, hooks
+from . import btf, capability, hooks, probe_aside
 from .bins import bin_flags
 from .net import cflags
 
@@ -22,26 +22,25 @@ class NetPlan(NamedTuple):
     flags: list[str]  # net.c's -D flags
 
 
-def plan_net(config: Config, main: dict[str, capability.Capability] | None = None) -> NetPlan:
-    """Probe the kernel (tiny programs: probes.capability; ``main``: what its
-    main group said, if already probed), choose the socket tier and each hook,
+def plan_net(config: Config, probed: dict[str, capability.Capability] | None = None) -> NetPlan:
+    """Probe the kernel (tiny programs: probes.capability; ``probed``: what
+    its groups said, if already asked), choose the socket tier and each hook,
     and say in the log what was chosen and what fell back."""
-    wanted = config.socket_hooks
-    caps = capability.probe_all(only=("main",)) if main is None else main
-    # what the plan needs: tcp_sendmsg's fentry only on the syscall tier
-    if wanted == "syscall" or not caps["sock_tracepoint"].ok:
+    caps = capability.probe_all(only=_groups(config)) if probed is None else probed
+    if "fentry" not in caps and not caps["sock_tracepoint"].ok:
         caps |= capability.probe_all(only=("fentry",))
     return _plan(config, caps, say=True)
 
 
 def load_net(config: Config, load: Callable[[list[str]], T]) -> tuple[NetPlan, T]:
     """The plan, and what ``load`` (net.c's compile and load) made of its
-    flags. The kernel is probed in a child process (capability.ProbeAside)
-    while ``load`` runs on the flags every hook working would give; where the
-    probe then plans otherwise, that is closed and ``load`` runs again on the
-    plan's: a second compile, only on kernels without the best hooks."""
-    aside = capability.ProbeAside(("main",))
-    guess = _plan(config, capability.main_assumed(), say=False)
+    flags. The kernel is probed in a child process (probes.probe_aside)
+    while ``load`` runs on the flags of a guess (the last probe of this boot,
+    else every hook working); where the probe then plans otherwise, that is
+    closed and ``load`` runs again on the plan's: a second compile."""
+    groups = _groups(config)
+    aside = probe_aside.ProbeAside(groups)
+    guess = _plan(config, probe_aside.guess(groups), say=False)
     try:
         made = load(guess.flags)
     except Exception as e:  # the plan says, or the second try raises, what is wrong
@@ -51,9 +50,14 @@ def load_net(config: Config, load: Callable[[list[str]], T]) -> tuple[NetPlan, T
     if made is not None and net.flags == guess.flags:
         return net, made
     if made is not None:
-        log.info("this kernel lacks hooks the guess had: net.c compiled again for the plan")
+        log.info("the kernel's hooks are not those guessed: net.c compiled again for the plan")
         made.close()
     return net, load(net.flags)
+
+
+def _groups(config: Config) -> tuple[str, ...]:
+    """The capability groups the plan needs: tcp_sendmsg's fentry only on the syscall tier."""
+    return ("main", "fentry") if config.socket_hooks == "syscall" else ("main",)
 
 
 def _plan(config: Config, caps: dict[str, capability.Capability], say: bool) -> NetPlan:

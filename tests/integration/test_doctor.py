@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from sitsprobe import doctor, tracefs
-from sitsprobe.probes import capability, hooks
+from sitsprobe.probes import capability, hooks, probe_aside
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.filterwarnings("ignore:not a bytes object:DeprecationWarning")]
@@ -203,21 +203,24 @@ def test_run_prints_80_columns_and_exits_0(capsys):
     assert json.loads(capsys.readouterr().out)["ok"] is True
 
 
-def test_the_probe_aside_says_what_the_probe_here_says():
-    """A start probes the kernel in a child process (capability.ProbeAside)
-    while it compiles: the child's answer is this process's own."""
-    aside = capability.ProbeAside(("main",))
-    here = capability.probe_all(only=("main",))
+def test_the_probe_aside_says_what_the_probe_here_says(tmp_path):
+    """A start probes the kernel in a child process (probes.probe_aside)
+    while it compiles: the child's answer is this process's own, and it is
+    kept as the next start's guess."""
+    kept = str(tmp_path / "caps.json")
+    aside = probe_aside.ProbeAside(("main", "fentry"), kept)
+    here = capability.probe_all(only=("main", "fentry"))
     there = aside.result()
     assert {k: c.ok for k, c in there.items()} == {k: c.ok for k, c in here.items()}
-    assert [c.detail for c in there.values() if c.ok and c.kind != "btf"] and all(
-        c.detail.startswith("fired ") for c in there.values() if c.ok and c.kind != "btf")
+    fired = [c.detail for c in there.values() if c.ok and c.kind != "btf"]
+    assert fired and all(d.startswith("fired ") for d in fired), fired
+    assert probe_aside.guess(("main", "fentry"), kept) == there
 
 
-def test_a_probe_aside_that_fails_is_probed_here_and_said(monkeypatch, caplog):
-    monkeypatch.setattr(capability.sys, "executable", "/bin/false")
-    aside = capability.ProbeAside(("main",))
+def test_a_probe_aside_that_fails_is_probed_here_and_said(monkeypatch, caplog, tmp_path):
+    monkeypatch.setattr(probe_aside.sys, "executable", "/bin/false")
+    aside = probe_aside.ProbeAside(("main",), str(tmp_path / "caps.json"))
     with caplog.at_level("WARNING", logger="sitsprobe"):
         caps = aside.result()
     assert "probing here" in caplog.text and "exit status 1" in caplog.text
-    assert caps.keys() == capability.main_assumed().keys() and caps["syscall_tracepoint"].ok
+    assert set(caps) == {"btf", *capability.KINDS["main"]} and caps["syscall_tracepoint"].ok

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from sitsprobe import procs
-from sitsprobe.probes import capability
+from sitsprobe.probes import capability, probe_aside
 from sitsprobe.probes.net import ST_READING, ST_RESPONDING, NetProbe, cflags
 
 from .conftest import Server, require_root, wait_until
@@ -99,34 +99,53 @@ class _Loads:
         return self.made[-1]
 
 
-@pytest.mark.parametrize("sock_tracepoint", [True, False], ids=["guess-holds", "guess-belied"])
-def test_net_c_is_compiled_for_the_plan_the_probe_aside_gives(monkeypatch, sock_tracepoint):
-    """load_net compiles for every hook working while the kernel is probed in
-    a child process; where the probe says the socket tier cannot load, the
-    guess is closed and net.c compiled again, for the syscall tier."""
-    require_root()
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) is not importable")
+def _load_net(socket_hooks: str) -> tuple:
     from sitsprobe import config
     from sitsprobe.probes.net_plan import load_net
 
-    probed = capability.ProbeAside.result
-    if not sock_tracepoint:
-        def result(self, timeout_s=60):
-            return probed(self, timeout_s) | {"sock_tracepoint": capability.Capability(
-                "sock_tracepoint", False, "sock_tracepoint: failed (as this test says)", "test")}
-        monkeypatch.setattr(capability.ProbeAside, "result", result)
-    elif not probed(capability.ProbeAside())["sock_tracepoint"].ok:
-        pytest.skip("the socket tier does not load here (see `sitsprobe doctor`)")
     loads = _Loads()
-    net, probe = load_net(config.load(overrides={"select.ports": [8080]}), loads)
+    net, probe = load_net(config.load(overrides={"select.ports": [8080], "socket_hooks": socket_hooks}), loads)
+    assert probe is loads.made[-1] and net.flags == loads.flags[-1]
+    assert all(p._bpf.module is None for p in loads.made[:-1])  # a wrong guess closed: nothing of it loaded
+    return net, probe, loads
+
+
+@pytest.fixture
+def kept(tmp_path, monkeypatch):
+    """The guesses kept apart from the machine's (probe_aside.GUESSES)."""
+    require_root()
+    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) is not importable")
+    monkeypatch.setattr(probe_aside, "GUESSES", str(tmp_path / "caps.json"))
+    return tmp_path / "caps.json"
+
+
+def test_a_guess_the_probe_belies_is_closed_and_net_c_compiled_for_the_plan(kept, monkeypatch):
+    """load_net compiles for a guess while the kernel is probed in a child
+    process; where the probe says the socket tier cannot load, the guess is
+    closed and net.c compiled again, for the syscall tier."""
+    probed = probe_aside.ProbeAside.result
+    if not probed(probe_aside.ProbeAside())["sock_tracepoint"].ok:
+        pytest.skip("the socket tier does not load here (see `sitsprobe doctor`)")
+
+    def result(self, timeout_s=60):
+        return probed(self, timeout_s) | {"sock_tracepoint": capability.Capability(
+            "sock_tracepoint", False, "sock_tracepoint: failed (as this test says)", "test")}
+    monkeypatch.setattr(probe_aside.ProbeAside, "result", result)
+    net, probe, loads = _load_net("auto")
     try:
-        assert "-DNET_TIER=1" in loads.flags[0]  # the guess: the socket tier
-        assert probe is loads.made[-1] and net.flags == loads.flags[-1]
-        if sock_tracepoint:
-            assert len(loads.made) == 1 and probe.socket_tier
-        else:
-            assert len(loads.made) == 2 and not probe.socket_tier
-            assert "-DNET_TIER=1" not in net.flags and str(net.hooks["socket_io"]).startswith("tracepoint")
-            assert loads.made[0]._bpf.module is None  # the guess closed: nothing of it left loaded
+        assert len(loads.made) == 2 and "-DNET_TIER=1" in loads.flags[0] and not probe.socket_tier
+        assert "-DNET_TIER=1" not in net.flags and str(net.hooks["socket_io"]).startswith("tracepoint")
     finally:
         probe.close()
+
+
+def test_the_next_start_guesses_what_the_probe_found(kept):
+    """The syscall tier's tcp_sendmsg hook depends on fentry and kprobes,
+    which a first guess takes as working; a start's probe keeps its answer
+    (here a probe aside of its own: no start's compile before it), so the
+    next start guesses right and compiles once."""
+    probe_aside.ProbeAside(("main", "fentry")).result()
+    assert kept.exists()
+    net, probe, loads = _load_net("syscall")
+    probe.close()
+    assert len(loads.made) == 1 and not probe.socket_tier and net.hooks["tcp_sendmsg"]
