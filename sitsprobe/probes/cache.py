@@ -27,6 +27,7 @@ from ..cache.lookup import UNIX_PEER, KernelCacheCounts, KeyLookup
 from ..cache.spec import MAX_CACHES, CacheProbeSpec
 from ..errors import ProbeAttachError
 from ..request import Endpoint
+from . import side_by_side
 from .hooks import TRACEPOINT, UPROBE, Hook
 from .net import bpf_dir
 from .ring import DrainBudget
@@ -145,7 +146,7 @@ class CacheProbe:
             self._events.open_ring_buffer(event_cb)
             self.rescan()
         except BaseException:
-            self._bpf.cleanup()  # detach what did attach: never leave probes behind
+            side_by_side.close(self._bpf)  # detach what did attach: never leave probes behind
             raise
 
     # -- setting up -------------------------------------------------------------
@@ -322,4 +323,4 @@ class CacheProbe:
         return out
 
     def close(self) -> None:
-        self._bpf.cleanup()
+        side_by_side.close(self._bpf)

@@ -14,6 +14,7 @@ from ..abi import CUDA_COUNTERS as COUNTERS
 from ..errors import ProbeAttachError
 from ..gpu.cuda import DIRECTIONS, FUNCTIONS, CudaCount
 from .libs import MappedLibrary, mapped_libraries
+from . import side_by_side
 from .net import bpf_dir
 
 log = logging.getLogger("sitsprobe.cuda")
@@ -207,4 +208,4 @@ class CudaProbe:
         return {name: sum(table[ct.c_int(i)]) for i, name in enumerate(COUNTERS)}
 
     def close(self) -> None:
-        self._bpf.cleanup()
+        side_by_side.close(self._bpf)

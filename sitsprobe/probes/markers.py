@@ -20,6 +20,7 @@ from ..errors import ProbeAttachError
 from ..markers._native import FUNCTIONS
 from ..events import MarkerEvent
 from .net import bpf_dir
+from . import side_by_side
 from .ring import DrainBudget
 
 # exported function -> BPF function in bpf/markers.c
@@ -245,4 +246,4 @@ class MarkerProbe:
         return {name: sum(table[table.Key(i)]) for i, name in enumerate(COUNTERS)}
 
     def close(self) -> None:
-        self._bpf.cleanup()
+        side_by_side.close(self._bpf)

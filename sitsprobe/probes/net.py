@@ -6,7 +6,6 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from importlib import resources
 from operator import itemgetter
@@ -22,6 +21,7 @@ from .bins import BPF_NOEXIST, KernelBins
 from .hooks import FENTRY, KPROBE, RAW_TRACEPOINT, TRACEPOINT, Hook
 from .layout import Layout
 from .maps import MapCopy
+from . import side_by_side
 from .ring import DrainBudget
 from .tls import TlsHooks
 
@@ -207,16 +207,6 @@ class ChunkDecoder:
                      buf[self._size:self._size + n], link_key, link_start)
 
 
-def load_side_by_side(bpf, names: Iterable[bytes], prog_type: int) -> list:
-    """The programs loaded at once, one thread each: verifying them is most of
-    a start's load time (send_chunk and sock_io about 0.3 s each here), the
-    kernel verifies each on its own core, and bcc's load holds no lock of
-    ours nor the GIL."""
-    names = list(names)
-    with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="bpf-load") as pool:
-        return list(pool.map(lambda name: bpf.load_func(name, prog_type), names))
-
-
 class NetProbe:
     """The loaded network program and its maps. Only this class touches them."""
 
@@ -234,7 +224,7 @@ class NetProbe:
         # tail-called, never attached; each of the type of the programs that call it
         caller = BPF.RAW_TRACEPOINT if self.socket_tier else BPF.TRACEPOINT
         tails = (*TAILS, b"find_shape") if "-DBINS=1" in flags else TAILS
-        loaded = load_side_by_side(self._bpf, (*tails, b"sock_io") if self.socket_tier else tails, caller)
+        loaded = side_by_side.load(self._bpf, (*tails, b"sock_io") if self.socket_tier else tails, caller)
         for i, fn in enumerate(loaded[:len(tails)]):
             self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(fn.fd)
         if self.socket_tier:
@@ -298,7 +288,7 @@ class NetProbe:
         if self._user_tails:
             return
         table = self._bpf[b"uscan_prog"]
-        for i, fn in enumerate(load_side_by_side(self._bpf, [b"u" + name for name in TAILS], BPF.KPROBE)):
+        for i, fn in enumerate(side_by_side.load(self._bpf, [b"u" + name for name in TAILS], BPF.KPROBE)):
             table[ct.c_int(i)] = ct.c_int(fn.fd)
         self._user_tails = True
 
@@ -463,4 +453,4 @@ class NetProbe:
         return {(k.tgid, k.status): sum(v) for k, v in self._bpf["http_status"].items()}
 
     def close(self) -> None:
-        self._bpf.cleanup()
+        side_by_side.close(self._bpf)
