@@ -46,7 +46,12 @@ def load_net(config: Config, load: Callable[[list[str]], T]) -> tuple[NetPlan, T
     except Exception as e:  # the plan says, or the second try raises, what is wrong
         log.debug("net.c on the flags guessed before the probe: %s", e)
         made = None
-    net = plan_net(config, aside.result())
+    try:
+        net = plan_net(config, aside.result())
+    except BaseException:  # no hook for this kernel, or stopped: nothing of the guess stays attached
+        if made is not None:
+            made.close()
+        raise
     if made is not None and net.flags == guess.flags:
         return net, made
     if made is not None:

@@ -149,3 +149,18 @@ def test_the_next_start_guesses_what_the_probe_found(kept):
     net, probe, loads = _load_net("syscall")
     probe.close()
     assert len(loads.made) == 1 and not probe.socket_tier and net.hooks["tcp_sendmsg"]
+
+
+def test_a_kernel_with_no_hook_for_the_plan_leaves_nothing_of_the_guess_attached(kept, monkeypatch):
+    def result(self, timeout_s=60):
+        return {k: capability.Capability(k, False, f"{k}: failed (as this test says)", "test")
+                for k in ("btf", *capability.KINDS["main"], "fentry")}
+    monkeypatch.setattr(probe_aside.ProbeAside, "result", result)
+    loads = _Loads()
+    from sitsprobe import config
+    from sitsprobe.errors import SitsprobeError
+    from sitsprobe.probes.net_plan import load_net
+
+    with pytest.raises(SitsprobeError, match="no hook for the bytes of socket calls"):
+        load_net(config.load(overrides={"select.ports": [8080]}), loads)
+    assert len(loads.made) == 1 and loads.made[0]._bpf.module is None
