@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from ..abi import CUDA_COUNTERS as COUNTERS
 from ..errors import ProbeAttachError
 from ..gpu.cuda import DIRECTIONS, FUNCTIONS, CudaCount
-from .libs import MappedLibrary, mapped_libraries
 from . import side_by_side
+from .libs import MappedLibrary, mapped_libraries
 from .net import bpf_dir
 
 log = logging.getLogger("sitsprobe.cuda")

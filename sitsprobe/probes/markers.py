@@ -19,8 +19,8 @@ from ..abi import (MARKER_COUNTERS as COUNTERS, MARKER_EVENT_BYTES as EVENT_BYTE
 from ..errors import ProbeAttachError
 from ..markers._native import FUNCTIONS
 from ..events import MarkerEvent
-from .net import bpf_dir
 from . import side_by_side
+from .net import bpf_dir
 from .ring import DrainBudget
 
 # exported function -> BPF function in bpf/markers.c

@@ -17,11 +17,11 @@ from ..abi import (CF_BODY, CF_SEEDED, CF_TCP, CF_TUPLE, END_FLUSH, N_EXEC, N_LI
 from ..procs import BlockedRead
 from ..events import Beat, Chunk, Exchange, ProcessNotice
 from ..request import Endpoint, Payload, Write
+from . import side_by_side
 from .bins import BPF_NOEXIST, KernelBins
 from .hooks import FENTRY, KPROBE, RAW_TRACEPOINT, TRACEPOINT, Hook
 from .layout import Layout
 from .maps import MapCopy
-from . import side_by_side
 from .ring import DrainBudget
 from .tls import TlsHooks
 

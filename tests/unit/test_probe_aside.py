@@ -44,4 +44,6 @@ def test_another_boots_or_a_broken_file_is_no_guess(tmp_path, boot):
 
 def test_a_guess_that_cannot_be_kept_is_no_error(tmp_path, boot):
     (tmp_path / "file").write_text("")
-    probe_aside.remember({"kprobe": Capability("kprobe", True, "fired")}, str(tmp_path / "file" / "caps.json"))
+    path = str(tmp_path / "file" / "caps.json")  # under a file: no folder can be made
+    probe_aside.remember({"kprobe": Capability("kprobe", False, "kprobes unavailable", "x")}, path)
+    assert probe_aside.guess(("main",), path)["kprobe"].detail == "assumed, not yet probed"
