@@ -787,9 +787,24 @@ static __always_inline void link_exchange(struct conn *c, __u64 key)
             served(&c->link_key, &c->link_start, &c->flags);
         return;
     }
+    /* in place where the thread (the process) is known: an LRU map's update
+     * takes a free node and frees the old one, a third of the map work of a
+     * request; a reader (served) checks the pair against the conn anyway */
     struct serving me = {.key = key, .start_ns = c->start_ns};
-    serving.update(&tid, &me);
-    serving_proc.update(&tgid, &me); /* its caller is looked for when it answers (on_send) */
+    struct serving *s = serving.lookup(&tid);
+    if (s) {
+        s->key = key;
+        s->start_ns = me.start_ns;
+    } else {
+        serving.update(&tid, &me);
+    }
+    s = serving_proc.lookup(&tgid);
+    if (s) {
+        s->key = key;
+        s->start_ns = me.start_ns;
+    } else {
+        serving_proc.update(&tgid, &me); /* its caller is looked for when it answers (on_send) */
+    }
 }
 
 /* v = min(v, most), in a register the compiler may not fold the test away
@@ -1181,15 +1196,16 @@ static __always_inline void on_connect(struct args *a, __u32 tgid)
 }
 
 static __always_inline void tails(void *ctx, int user);
-static __always_inline void dispatch(struct conn *c, struct args *a, long ret, __u64 id);
+static __always_inline void dispatch(struct conn *c, struct args *a, long ret, __u64 id, __u64 now);
 
 /* ret > 0 bytes moved by a data call on tracked connection c (key). */
-static __always_inline void moved(struct conn *c, __u64 key, struct args *a, long ret, __u64 id)
+static __always_inline void moved(struct conn *c, __u64 key, struct args *a, long ret, __u64 id,
+                                  __u64 now)
 {
     if (c->flags & CF_TLS && !(c->flags & CF_TLS_PLAIN) && ++c->tls_calls > TLS_GRACE)
         c->flags &= ~CF_TLS; /* no plaintext came: not the hooked library's; framed as it is */
     if (!(c->flags & CF_TLS))
-        dispatch(c, a, ret, id);
+        dispatch(c, a, ret, id, now);
     if (c->flags & CF_TLS) { /* ciphertext: the plaintext comes through the library (ssl_leave) */
         __u32 tid = id;
         tls_threads.update(&tid, &key); /* the library's next call on this thread is for it */
@@ -1219,7 +1235,7 @@ static __always_inline int leave(void *ctx, long ret)
         else if (a->kind & UNTRACKED)
             on_untracked_send(a, tgid, ret);
         else if (c)
-            moved(c, key, a, ret, id);
+            moved(c, key, a, ret, id, bpf_ktime_get_ns());
 #endif
     }
     inflight.delete(&id);
@@ -1258,13 +1274,14 @@ static __always_inline void tails(void *ctx, int user)
 }
 
 /* ret bytes moved on a tracked connection, in plaintext: a syscall's, or a
- * TLS library call's (a->kind K_FLAT, a->ptr its buffer). */
-static __always_inline void dispatch(struct conn *c, struct args *a, long ret, __u64 id)
+ * TLS library call's (a->kind K_FLAT, a->ptr its buffer), at `now` (the
+ * socket tier's a->enter_ns: its program runs when the bytes have moved;
+ * a clock read is a tenth of that program's time on a traced request). */
+static __always_inline void dispatch(struct conn *c, struct args *a, long ret, __u64 id, __u64 now)
 {
     __u32 tgid = id >> 32;
     /* Userspace reads this entry while we write it (the idle flush): the
      * count is odd during the update, and moves on every update. */
-    __u64 now = bpf_ktime_get_ns();
     __u8 dir = a->kind & SEND ? CH_OUT : CH_IN;
     if (c->flags & CF_STREAM) {
         want_chunk(c, a, ret, dir, dir == CH_OUT ? a->enter_ns : now);
@@ -1487,7 +1504,7 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
     struct conn *c = conns.lookup(&key);
     if (c) {
         learn_sock(c, ctx->args[0]);
-        moved(c, key, &a, ret, id);
+        moved(c, key, &a, ret, id, a.enter_ns);
         tails(ctx, 0);
     } else if (send && overflow.lookup(&key)) {
         on_untracked_send(&a, tgid, ret);
@@ -1638,7 +1655,7 @@ int ssl_leave(struct pt_regs *ctx)
     if (c) {
         struct args a = {.ptr = call->buf, .enter_ns = call->enter_ns, .fd = c->fd,
                          .kind = K_FLAT | (call->flags & SSL_WRITE ? SEND : 0)};
-        dispatch(c, &a, n, id);
+        dispatch(c, &a, n, id, bpf_ktime_get_ns());
     }
     ssl_calls.delete(&id);
     tails(ctx, 1);
@@ -1661,18 +1678,20 @@ BPF_HASH(runnable, __u32, __u64, 16384);              /* tid -> since when it wa
 /* The current thread leaves the CPU (still runnable, or not) and `next` takes it. */
 static __always_inline int on_switch(__u32 next, int runnable_still)
 {
-    __u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns();
+    __u64 id = bpf_get_current_pid_tgid(), now = 0; /* the clock only when needed: every switch of the node comes here */
     __u32 tgid = id >> 32, tid = id;
     if (tid && is_tracked(tgid)) {
         if (!threads.lookup(&tid))
             threads.update(&tid, &tgid);
-        if (runnable_still)
+        if (runnable_still) {
+            now = bpf_ktime_get_ns();
             runnable.update(&tid, &now);
+        }
     }
     __u64 *since = runnable.lookup(&next);
     if (!since)
         return 0;
-    __u64 waited = now - *since;
+    __u64 waited = (now ? now : bpf_ktime_get_ns()) - *since;
     runnable.delete(&next); /* only tracked threads are ever in it */
     __u64 *total = runq.lookup(&next);
     if (total)
