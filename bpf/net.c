@@ -20,8 +20,10 @@
 #include <linux/in6.h>
 #include "sitsprobe.h"
 
+#define AF_UNIX_ 1
 #define AF_INET_ 2
 #define AF_INET6_ 10
+#define SOCK_STREAM_ 1
 #define EINPROGRESS_ 115
 #define MSG_PEEK_ 2
 
@@ -39,6 +41,19 @@ struct uiovec {
     __u64 len;
 };
 
+/* CONN_BY_STATE (the socket tier, where the kernel's BTF gives struct sock's
+ * family and type and struct unix_sock's address): no syscall tracepoint at all. An enabled one sends every
+ * syscall of every task on the node through the kernel's tracing slow path
+ * (bench/bench_floor.py: a pipe loop x0.94 for one that never fires), so a
+ * connection is taken at its first call instead of its accept or connect
+ * (sock_io, adopt), and let go when its TCP state says the process closed it
+ * (inet_sock_set_state) or its fd comes back on another socket. */
+#if NET_TIER == NET_TIER_SOCK && defined(SOCK_FAMILY_OFF) && defined(SOCK_TYPE_OFF) && defined(UNIX_ADDR_OFF)
+#define CONN_BY_STATE 1
+#else
+#define CONN_BY_STATE 0
+#endif
+
 BPF_HASH(tracked, __u32, __u8, 4096);
 BPF_HASH(ports, __u16, __u8, 1024); /* select.ports: a process listening on one is tracked */
 BPF_HASH(conns, __u64, struct conn, MAX_CONNS);
@@ -46,6 +61,8 @@ BPF_HASH(overflow, __u64, __u8, MAX_OVERFLOW); /* accepted while conns was full 
 BPF_PERCPU_HASH(untracked, __u32, __u64, 4096); /* tgid -> responses sent on them */
 BPF_HASH(inflight, __u64, struct args, 16384);
 BPF_TABLE("lru_hash", __u64, struct tuple, socks, 65536);
+BPF_TABLE("lru_hash", __u64, __u8, dialed, 65536);    /* CONN_BY_STATE: sk -> it connected (a client's) */
+BPF_TABLE("lru_hash", __u64, __u64, sk_conns, MAX_CONNS); /* CONN_BY_STATE: sk -> its conn's key */
 BPF_PERCPU_ARRAY(counters, __u64, C_COUNTERS);
 BPF_PERCPU_HASH(http_status, struct status_key, __u64, 65536);
 BPF_PERCPU_ARRAY(zero_conn, struct conn, 1);
@@ -398,7 +415,8 @@ static __always_inline void report(struct conn *c, __u8 reason)
     }
     bpf_probe_read_kernel(e, sizeof(struct conn), c);
     e->reason = reason;
-    bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    if (bpf_get_current_pid_tgid() >> 32 == c->tgid) /* else a TCP state change's softirq: its comm stays */
+        bpf_get_current_comm(&e->comm, sizeof(e->comm));
     exchanges.ringbuf_submit(e, BPF_RB_NO_WAKEUP); /* drained on the agent's tick */
     count(C_EXCHANGES);
 }
@@ -1339,6 +1357,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { return leave(args, args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendfile64) { return enter(args->out_fd, 0, K_NOCOPY | SEND); }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendfile64) { return leave(args, args->ret); }
 #endif
+#if !CONN_BY_STATE
 TRACEPOINT_PROBE(syscalls, sys_enter_accept) { return enter(args->fd, args->upeer_sockaddr, K_ACCEPT); }
 /* An accept that was already blocked when the process became tracked has no
  * entry half to remember; take its connection anyway (peer from the tuple). */
@@ -1358,18 +1377,11 @@ TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { return leave_accept(args, args->r
 
 TRACEPOINT_PROBE(syscalls, sys_enter_connect) { return enter(args->fd, args->uservaddr, K_CONNECT); }
 TRACEPOINT_PROBE(syscalls, sys_exit_connect) { return leave(args, args->ret); }
+#endif
 
-TRACEPOINT_PROBE(syscalls, sys_enter_close)
+/* Connection c (key) is closed: its exchange reported, its entries gone. */
+static __always_inline void close_conn(struct conn *c, __u64 key)
 {
-    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!is_tracked(tgid))
-        return 0;
-    __u64 key = conn_key(tgid, args->fd);
-    struct conn *c = conns.lookup(&key);
-    if (!c) {
-        overflow.delete(&key);
-        return 0;
-    }
     if (c->state != ST_IDLE) {
         __sync_fetch_and_add(&c->seq, 1); /* a reader of the entry sees it changed (`taken`) */
         report(c, END_CLOSE);
@@ -1381,10 +1393,27 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
         canonical(&c->t, &t, 0);
         clients.delete(&t);
     }
+    if (CONN_BY_STATE)
+        sk_conns.delete(&c->sk);
     conns.delete(&key);
     bodies.delete(&key);
+}
+
+#if !CONN_BY_STATE
+TRACEPOINT_PROBE(syscalls, sys_enter_close)
+{
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!is_tracked(tgid))
+        return 0;
+    __u64 key = conn_key(tgid, args->fd);
+    struct conn *c = conns.lookup(&key);
+    if (c)
+        close_conn(c, key);
+    else
+        overflow.delete(&key);
     return 0;
 }
+#endif
 
 /* A TCP client connection whose tuple is known: findable by the server at its
  * other end (link_exchange). Either may come first: a client's first call may
@@ -1407,6 +1436,10 @@ static __always_inline void learn_sock(struct conn *c, __u64 sk)
     if (c->sk == sk)
         return;
     c->sk = sk;
+    if (CONN_BY_STATE) {
+        __u64 key = conn_key(c->tgid, c->fd);
+        sk_conns.update(&sk, &key);
+    }
     struct tuple *t = socks.lookup(&sk);
     if (t) {
         c->t = *t;
@@ -1483,6 +1516,41 @@ static __always_inline __u32 syscall_kind(__u64 nr)
     return 0;
 }
 
+/* CONN_BY_STATE: the connection of a tracked process's first call on socket
+ * sk, where its accept or connect would have made one: a TCP socket seen
+ * connecting while we watched (`dialed`) is a client's, followed with
+ * stitch.outgoing; one seen established otherwise (`socks`) was accepted;
+ * a Unix stream socket with an address is one a listener accepted (the
+ * child takes the listener's; a socketpair, such as asyncio's wake-up pair,
+ * or a connecting client has none). Taken at a send, a server's connection
+ * is one whose request was missed (CF_SEEDED, as one userspace seeds). */
+static __always_inline struct conn *adopt(__u64 key, __u32 tgid, __u32 fd, __u64 sk, __u32 send)
+{
+#if CONN_BY_STATE
+    __u16 flags = send ? CF_SEEDED : 0;
+    if (dialed.lookup(&sk)) {
+        if (!OUTGOING)
+            return NULL;
+        flags = CF_CLIENT;
+    } else if (!socks.lookup(&sk)) {
+        __u16 family = 0, type = 0;
+        __u64 addr = 0;
+        bpf_probe_read_kernel(&family, sizeof(family), (void *)(sk + SOCK_FAMILY_OFF));
+        bpf_probe_read_kernel(&type, sizeof(type), (void *)(sk + SOCK_TYPE_OFF));
+        if (family != AF_UNIX_ || type != SOCK_STREAM_)
+            return NULL;
+        bpf_probe_read_kernel(&addr, sizeof(addr), (void *)(sk + UNIX_ADDR_OFF));
+        if (!addr)
+            return NULL;
+    }
+    struct args none = {.kind = K_ACCEPT}; /* no address to read: the tuple comes from `socks` */
+    new_conn(&none, tgid, fd, flags);
+    return conns.lookup(&key);
+#else
+    return NULL; /* accept and connect make them */
+#endif
+}
+
 /* One program for both directions (attached to sock_send_length and
  * sock_recv_length: their arguments are alike), so the state machine is
  * compiled and verified once: the syscall says which way the bytes went. */
@@ -1500,14 +1568,22 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
         return 0;
     struct args a = {.ptr = SYSCALL_ARG2(&regs), .enter_ns = bpf_ktime_get_ns(),
                      .fd = SYSCALL_ARG1(&regs), .kind = kind};
-    __u64 key = conn_key(tgid, a.fd);
+    __u64 key = conn_key(tgid, a.fd), sk = ctx->args[0];
     struct conn *c = conns.lookup(&key);
+    if (CONN_BY_STATE && c && c->sk && c->sk != sk) { /* its fd is another socket's now: closed */
+        close_conn(c, key);
+        c = NULL;
+    }
+    if (!c && send && overflow.lookup(&key)) {
+        on_untracked_send(&a, tgid, ret);
+        return 0;
+    }
+    if (!c)
+        c = adopt(key, tgid, a.fd, sk, send);
     if (c) {
-        learn_sock(c, ctx->args[0]);
+        learn_sock(c, sk);
         moved(c, key, &a, ret, id, a.enter_ns);
         tails(ctx, 0);
-    } else if (send && overflow.lookup(&key)) {
-        on_untracked_send(&a, tgid, ret);
     }
     return 0;
 }
@@ -1530,12 +1606,29 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         }
         return 0;
     }
+    if (CONN_BY_STATE && (args->newstate == BPF_TCP_FIN_WAIT1 || args->newstate == BPF_TCP_LAST_ACK ||
+                          args->newstate == BPF_TCP_CLOSE)) {
+        /* the process closed it (or shut its sending side: no more answers
+         * come), or it was reset: as close() ended a connection before */
+        __u64 *key = sk_conns.lookup(&sk);
+        __u64 k = key ? *key : 0;
+        struct conn *c = key ? conns.lookup(&k) : NULL;
+        if (c && c->sk == sk)
+            close_conn(c, k);
+        else if (key)
+            sk_conns.delete(&sk);
+    }
     if (args->newstate == BPF_TCP_CLOSE) {
         socks.delete(&sk);
+        dialed.delete(&sk);
         return 0;
     }
     if (args->newstate != BPF_TCP_ESTABLISHED)
         return 0;
+    if (CONN_BY_STATE && args->oldstate == BPF_TCP_SYN_SENT) {
+        __u8 one = 1;
+        dialed.update(&sk, &one);
+    }
     struct tuple t = {.family = args->family, .lport = args->sport, .rport = args->dport};
     if (args->family == AF_INET_) {
         __builtin_memcpy(t.laddr, args->saddr, 4);

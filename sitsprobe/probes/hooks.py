@@ -75,6 +75,12 @@ NET_POINTS: dict[str, list[Hook]] = {
     },
 }
 
+# what the socket tier follows connections by where the kernel's BTF has
+# struct sock (probes/net_plan.py): a connection's first call and its TCP
+# state, in place of these syscalls' tracepoints
+CONNECTION_SYSCALLS = ("accept", "accept4", "connect", "close")
+CONNECTIONS_BY_STATE = Hook(TRACEPOINT, "sock:inet_sock_set_state")
+
 OPTIONAL = frozenset({"run_queue", "run_queue_wakeup", "connect", "tls_library"})  # the agent runs without
 SYSCALL_TIER_ONLY = frozenset({"socket_tuple", "tcp_sendmsg"})  # what the socket tier needs not
 PROBES: dict[str, dict[str, list[Hook]]] = {"net": NET_POINTS}

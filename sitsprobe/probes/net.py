@@ -43,13 +43,18 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
            outgoing: bool = True, stream_bytes: int = 4096,
            genai: bool = True, body_bytes: int = 512,
            tail_bytes: int = 512, write_peek_bytes: int = 384, max_writes: int = 4096,
-           max_payloads: int = 4096, bins: Iterable[str] = ()) -> list[str]:
+           max_payloads: int = 4096, bins: Iterable[str] = (),
+           sock_offsets: tuple[int, int, int] | None = None) -> list[str]:
     """Load-time settings as -D constants (never string templating).
     ``socket_io`` is the tier chosen for the bytes of socket calls
     (hooks.SOCKET_TIER or SYSCALL_TIER); ``tcp_sendmsg`` matters on the
     syscall tier only. With ``task_pid_offset`` (struct task_struct's pid,
     from the kernel's BTF), the run-queue hooks are raw tracepoints. ``bins``:
-    in-kernel counting's own constants (probes.bins.bin_flags); none: no such counting."""
+    in-kernel counting's own constants (probes.bins.bin_flags); none: no such counting.
+    ``sock_offsets`` (struct sock's family and type, struct unix_sock's addr,
+    from the kernel's BTF) on
+    the socket tier: connections followed with no syscall tracepoint
+    (CONN_BY_STATE in bpf/net.c)."""
     tier = _TIER_CODE[socket_io.kind]
     if tier == NET_TIER_SYSCALL and tcp_sendmsg is None:
         raise ValueError("the syscall tier needs a tcp_sendmsg hook")
@@ -74,6 +79,9 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
         f"-DMAX_WRITES={max_writes}",
         f"-DMAX_BODIES={max_payloads}",
         *bins,
+        *([f"-DSOCK_FAMILY_OFF={sock_offsets[0]}", f"-DSOCK_TYPE_OFF={sock_offsets[1]}",
+           f"-DUNIX_ADDR_OFF={sock_offsets[2]}"]
+          if sock_offsets is not None and tier == NET_TIER_SOCK else []),
     ]
 
 

@@ -80,6 +80,7 @@ def _plan(config: Config, caps: dict[str, capability.Capability], say: bool) -> 
     if say:
         log.info("socket calls read through %s%s", io_hook, "" if wanted == "auto" else f" (socket_hooks: {wanted})")
     run_queue, pid_offset = _run_queue(config, plan, say)
+    sock_offsets = _connections(io_hook, plan, say)
     cap, stitch = config.capture, config.stitch
     flags = cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
                    max_connections=stitch.max_connections, ring_buffer_mib=config.ring_buffer_mib,
@@ -88,8 +89,47 @@ def _plan(config: Config, caps: dict[str, capability.Capability], say: bool) -> 
                    genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,
                    write_peek_bytes=cap.write_peek_bytes, max_writes=cap.max_writes,
                    max_payloads=cap.max_payloads,
-                   bins=bin_flags(DURATION_BUCKETS, SEGMENT_BUCKETS) if stitch.kernel_bins else ())
+                   bins=bin_flags(DURATION_BUCKETS, SEGMENT_BUCKETS) if stitch.kernel_bins else (),
+                   sock_offsets=sock_offsets)
     return NetPlan(plan, flags)
+
+
+def connection_offsets(path: str = "/sys/kernel/btf/vmlinux") -> tuple[int, int, int] | None:
+    """Where struct sock's family and type and struct unix_sock's address
+    (which tells an accepted Unix socket from a socketpair) sit, from the
+    kernel's BTF at ``path``: what net.c needs to follow connections on the
+    socket tier with no syscall tracepoint (CONN_BY_STATE); None where the
+    BTF lacks one of them."""
+    found = [btf.member_offset(s, m, path) for s, m in (
+        ("sock", "__sk_common"), ("sock_common", "skc_family"), ("sock", "sk_type"), ("unix_sock", "addr"))]
+    if None in found:
+        return None
+    base, family, kind, unix_addr = found
+    return base + family, kind, unix_addr
+
+
+def _connections(io_hook: hooks.Hook, plan: dict, say: bool) -> tuple[int, int, int] | None:
+    """On the socket tier, where connection_offsets finds its offsets: net.c
+    takes a connection at its first call and lets it go by its TCP state, so
+    that no syscall tracepoint goes on (any one sends every syscall of the
+    node through the kernel's tracing slow path), and the plan's accept,
+    connect and close points become that one."""
+    if io_hook != hooks.SOCKET_TIER:
+        return None
+    offsets = connection_offsets()
+    if offsets is None:
+        if say:
+            log.info("connections: struct sock's family and type or struct unix_sock's addr not in the "
+                     "kernel's BTF; using the accept, connect and close syscall tracepoints (every "
+                     "syscall of the node then takes the kernel's tracing slow path)")
+        return None
+    for point in hooks.CONNECTION_SYSCALLS:
+        plan.pop(point, None)
+    plan["connections"] = hooks.CONNECTIONS_BY_STATE
+    if say:
+        log.info("connections followed from their first socket call and through %s: "
+                 "no syscall tracepoint", hooks.CONNECTIONS_BY_STATE)
+    return offsets
 
 
 def _run_queue(config: Config, plan: dict, say: bool) -> tuple[bool, int | None]:

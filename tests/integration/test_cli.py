@@ -10,6 +10,8 @@ import urllib.request
 
 import pytest
 
+from sitsprobe.probes import net_plan
+
 from .conftest import ROOT, RedisServer, Server, TraceFile, free_port, require_root, wait_until
 
 
@@ -118,8 +120,13 @@ def test_ebpf_lists_what_run_would_load_here():
     p = sitsprobe("run", "--ebpf")
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 0, out
-    for line in ("-DNET_TIER=", "-DBINS=1", "socket_io", "close", "tail calls: scan_head"):
+    for line in ("-DNET_TIER=", "-DBINS=1", "socket_io", "tail calls: scan_head"):
         assert line in out, line
+    # connections: by their first call and TCP state on the socket tier where
+    # the kernel's BTF allows, else by the syscall tracepoints of close and the rest
+    by_state = "-DNET_TIER=1" in out and net_plan.connection_offsets() is not None
+    assert ("connections        tracepoint sock:inet_sock_set_state" in out) == by_state, out
+    assert ("close              tracepoint syscalls:sys_enter_close" in out) != by_state, out
 
 
 def test_doctor_json_says_what_loads_here():

@@ -3,32 +3,75 @@
 already follows."""
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 import time
 
 import pytest
 
 from sitsprobe import procs
-from sitsprobe.probes import capability, probe_aside
+from sitsprobe.probes import capability, net_plan, probe_aside
 from sitsprobe.probes.net import ST_READING, ST_RESPONDING, NetProbe, cflags
 
 from .conftest import Server, require_root, wait_until
 from .test_net import Client
 
 
-@pytest.fixture(params=["socket", "syscall"], ids=lambda t: f"{t}-tier")
-def probe(request):
+# the socket tier follows connections by their first call and TCP state where
+# the kernel's BTF allows (what the agent does), else by the accept, connect
+# and close syscall tracepoints (its fallback): both are run here
+TIERS = {"socket": ("socket", True), "socket-syscall-conns": ("socket", False), "syscall": ("syscall", False)}
+
+
+def make_probe(tier: str, by_state: bool) -> NetProbe:
     require_root()
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) is not importable")
-    plan = capability.plan(capability.probe_all(), socket_hooks=request.param)["net"]
+    plan = capability.plan(capability.probe_all(), socket_hooks=tier)["net"]
     if plan["socket_io"] is None:
-        pytest.skip(f"the {request.param} tier does not load here (see `sitsprobe doctor`)")
+        pytest.skip(f"the {tier} tier does not load here (see `sitsprobe doctor`)")
+    offsets = net_plan.connection_offsets() if by_state else None
+    if by_state and offsets is None:
+        pytest.skip("the kernel's BTF has no struct sock family/type or unix_sock addr")
     seen = []
     p = NetProbe(cflags(request_bytes=256, response_bytes=64, max_connections=1024,
-                        ring_buffer_mib=1, socket_io=plan["socket_io"], tcp_sendmsg=plan.get("tcp_sendmsg")),
+                        ring_buffer_mib=1, socket_io=plan["socket_io"], tcp_sendmsg=plan.get("tcp_sendmsg"),
+                        sock_offsets=offsets),
                  seen.append, lambda _notice: None)
     p.seen = seen
+    return p
+
+
+@pytest.fixture(params=list(TIERS), ids=lambda t: f"{t}-tier")
+def probe(request):
+    p = make_probe(*TIERS[request.param])
     yield p
     p.close()
+
+
+def _syscall_tracepoints() -> set[str]:
+    """The syscall tracepoints this process has programs on (bpftool perf)."""
+    out = subprocess.run(["bpftool", "-j", "perf", "show"], capture_output=True, text=True, check=True)
+    return {e.get("tracepoint", "") for e in json.loads(out.stdout or "[]")
+            if e.get("pid") == os.getpid() and e.get("tracepoint", "").startswith("sys_")}
+
+
+def test_the_socket_tier_puts_no_syscall_tracepoint_on_where_btf_allows():
+    """Any enabled syscall tracepoint sends every syscall of every task on the
+    node through the kernel's tracing slow path (bench/bench_floor.py)."""
+    if shutil.which("bpftool") is None:
+        pytest.skip("bpftool is not installed")
+    p = make_probe("socket", True)
+    try:
+        assert _syscall_tracepoints() == set()
+    finally:
+        p.close()
+    p = make_probe("socket", False)  # the fallback: the connection syscalls' tracepoints
+    try:
+        assert {"sys_enter_close", "sys_exit_accept4", "sys_exit_connect"} <= _syscall_tracepoints()
+    finally:
+        p.close()
 
 
 def _paths(probe: NetProbe) -> list[bytes]:
