@@ -59,10 +59,13 @@ def report(root: str = "/", configured_headers: str | None = None,
         bcc_version = None
         problems.append(f"bcc not importable ({e}): apt-get install python3-bpfcc, and put "
                         "/usr/lib/python3/dist-packages/bcc on sys.path")
-    from sitsprobe.probes import capability
+    from sitsprobe.probes import capability, net_plan
 
     caps = capability.probe_all(root=root, usdt_binary=usdt_binary)
     chosen = capability.plan(caps, root)
+    notes = capability.fallback_notes(chosen, caps)
+    # the socket tier's connections as `run` follows them (their first call and TCP state)
+    net_plan.follow_connections(chosen["net"], btf_path=os.path.join(root, "sys/kernel/btf/vmlinux"))
     if bcc_version and not caps["ringbuf"].ok:
         problems.append(f"{caps['ringbuf'].detail} (ring buffers need kernel 5.8+)")
     unhooked = [point for point, hook in chosen["net"].items()
@@ -82,7 +85,7 @@ def report(root: str = "/", configured_headers: str | None = None,
         "nvml": nvml_status(),
         "plan": {group: {point: str(hook) if hook else None for point, hook in points.items()}
                  for group, points in chosen.items()},
-        "notes": capability.fallback_notes(chosen, caps),
+        "notes": notes,
         "problems": problems,
         "ok": not problems,
     }

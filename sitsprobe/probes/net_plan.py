@@ -14,6 +14,7 @@ from .bins import bin_flags
 from .net import cflags
 
 log = logging.getLogger("sitsprobe")
+VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
 T = TypeVar("T")
 
 
@@ -80,7 +81,7 @@ def _plan(config: Config, caps: dict[str, capability.Capability], say: bool) -> 
     if say:
         log.info("socket calls read through %s%s", io_hook, "" if wanted == "auto" else f" (socket_hooks: {wanted})")
     run_queue, pid_offset = _run_queue(config, plan, say)
-    sock_offsets = _connections(io_hook, plan, say)
+    sock_offsets = follow_connections(plan, say)
     cap, stitch = config.capture, config.stitch
     flags = cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
                    max_connections=stitch.max_connections, ring_buffer_mib=config.ring_buffer_mib,
@@ -94,7 +95,7 @@ def _plan(config: Config, caps: dict[str, capability.Capability], say: bool) -> 
     return NetPlan(plan, flags)
 
 
-def connection_offsets(path: str = "/sys/kernel/btf/vmlinux") -> tuple[int, int, int] | None:
+def connection_offsets(path: str = VMLINUX_BTF) -> tuple[int, int, int] | None:
     """Where struct sock's family and type and struct unix_sock's address
     (which tells an accepted Unix socket from a socketpair) sit, from the
     kernel's BTF at ``path``: what net.c needs to follow connections on the
@@ -108,15 +109,17 @@ def connection_offsets(path: str = "/sys/kernel/btf/vmlinux") -> tuple[int, int,
     return base + family, kind, unix_addr
 
 
-def _connections(io_hook: hooks.Hook, plan: dict, say: bool) -> tuple[int, int, int] | None:
-    """On the socket tier, where connection_offsets finds its offsets: net.c
-    takes a connection at its first call and lets it go by its TCP state, so
-    that no syscall tracepoint goes on (any one sends every syscall of the
-    node through the kernel's tracing slow path), and the plan's accept,
-    connect and close points become that one."""
-    if io_hook != hooks.SOCKET_TIER:
+def follow_connections(plan: dict, say: bool = False,
+                       btf_path: str = VMLINUX_BTF) -> tuple[int, int, int] | None:
+    """On the socket tier (``plan``'s socket_io), where connection_offsets
+    finds its offsets: net.c takes a connection at its first call and lets it
+    go by its TCP state, so that no syscall tracepoint goes on (any one sends
+    every syscall of the node through the kernel's tracing slow path), and
+    the plan's accept, connect and close points become that one. What
+    `doctor` shows and `run` loads."""
+    if plan.get("socket_io") != hooks.SOCKET_TIER:
         return None
-    offsets = connection_offsets()
+    offsets = connection_offsets(btf_path)
     if offsets is None:
         if say:
             log.info("connections: struct sock's family and type or struct unix_sock's addr not in the "

@@ -43,22 +43,22 @@ def _plan() -> dict:
 
 
 def test_with_the_offsets_the_socket_tier_takes_no_syscall_tracepoint(monkeypatch):
-    monkeypatch.setattr(net_plan, "connection_offsets", lambda: (16, 534, 784))
+    monkeypatch.setattr(net_plan, "connection_offsets", lambda _path: (16, 534, 784))
     plan = _plan()
-    assert net_plan._connections(hooks.SOCKET_TIER, plan, say=True) == (16, 534, 784)
+    assert net_plan.follow_connections(plan, say=True) == (16, 534, 784)
     assert plan["connections"] == hooks.CONNECTIONS_BY_STATE
     assert not any(h.kind == hooks.TRACEPOINT and h.target.startswith("syscalls:") for h in plan.values())
     # the syscall tier keeps its hooks: the offsets are not even looked for
-    plan = _plan()
-    assert net_plan._connections(hooks.SYSCALL_TIER, plan, say=True) is None
-    assert plan == _plan()
+    plan = {**_plan(), "socket_io": hooks.SYSCALL_TIER}
+    assert net_plan.follow_connections(plan, say=True) is None
+    assert plan == {**_plan(), "socket_io": hooks.SYSCALL_TIER}
 
 
 def test_without_them_the_syscall_tracepoints_stay_and_the_log_says_why(monkeypatch, caplog):
-    monkeypatch.setattr(net_plan, "connection_offsets", lambda: None)
+    monkeypatch.setattr(net_plan, "connection_offsets", lambda _path: None)
     plan = _plan()
     caplog.set_level("INFO", logger="sitsprobe")
-    assert net_plan._connections(hooks.SOCKET_TIER, plan, say=True) is None
+    assert net_plan.follow_connections(plan, say=True) is None
     assert plan == _plan()
     assert "using the accept, connect and close syscall tracepoints" in caplog.text
 
