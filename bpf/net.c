@@ -57,7 +57,7 @@ struct uiovec {
 BPF_HASH(tracked, __u32, __u8, 4096);
 BPF_HASH(ports, __u16, __u8, 1024); /* select.ports: a process listening on one is tracked */
 BPF_HASH(conns, __u64, struct conn, MAX_CONNS);
-BPF_HASH(overflow, __u64, __u8, MAX_OVERFLOW); /* accepted while conns was full */
+BPF_TABLE("lru_hash", __u64, __u8, overflow, MAX_OVERFLOW); /* accepted while conns was full (LRU: CONN_BY_STATE sees no close of those) */
 BPF_PERCPU_HASH(untracked, __u32, __u64, 4096); /* tgid -> responses sent on them */
 BPF_HASH(inflight, __u64, struct args, 16384);
 BPF_TABLE("lru_hash", __u64, struct tuple, socks, 65536);
