@@ -11,6 +11,7 @@ a struct by name and a member's offset.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 
 BTF_MAGIC = 0xEB9F
 _HEADER = struct.Struct("<HBBIIIII")  # magic, version, flags, hdr_len, type_off, type_len, str_off, str_len
@@ -22,26 +23,42 @@ _EXTRA = {1: (4, 0), 3: (12, 0), 4: (0, 12), 5: (0, 12), 6: (0, 8), 13: (0, 8), 
           15: (0, 12), 17: (4, 0), 19: (0, 12)}
 
 
+Member = tuple[str, str]  # (struct name, member name)
+
+
 def member_offset(struct_name: str, member: str, path: str = "/sys/kernel/btf/vmlinux") -> int | None:
     """The byte offset of ``struct_name.member`` in the kernel ``path``
     describes; None where there is no BTF, no such struct or member, or the
     member is a bitfield."""
+    return member_offsets([(struct_name, member)], path)[struct_name, member]
+
+
+def member_offsets(wanted: Iterable[Member], path: str = "/sys/kernel/btf/vmlinux") -> dict[Member, int | None]:
+    """member_offset of each of ``wanted``, from one read and one pass."""
+    wanted = list(wanted)
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError:
-        return None
-    return find_member(data, struct_name, member)
+        return dict.fromkeys(wanted)
+    return find_members(data, wanted)
 
 
 def find_member(data: bytes, struct_name: str, member: str) -> int | None:
     """As member_offset, over the bytes of a BTF blob; never raises on bad bytes."""
+    return find_members(data, [(struct_name, member)])[struct_name, member]
+
+
+def find_members(data: bytes, wanted: Iterable[Member]) -> dict[Member, int | None]:
+    """As member_offsets, over the bytes of a BTF blob; never raises on bad
+    bytes. The first struct of a name is the one read."""
+    found: dict[Member, int | None] = dict.fromkeys(wanted)
     try:
         magic, _version, _flags, hdr_len, type_off, type_len, str_off, str_len = _HEADER.unpack_from(data)
     except struct.error:
-        return None
+        return found
     if magic != BTF_MAGIC:
-        return None
+        return found
     types = data[hdr_len + type_off:hdr_len + type_off + type_len]
     strings = data[hdr_len + str_off:hdr_len + str_off + str_len]
 
@@ -49,22 +66,24 @@ def find_member(data: bytes, struct_name: str, member: str) -> int | None:
         end = strings.find(b"\0", off)
         return strings[off:end] if end >= 0 else b""
 
-    want_struct, want_member = struct_name.encode(), member.encode()
+    left: dict[bytes, dict[bytes, Member]] = {}  # struct -> member -> key, for structs not yet read
+    for s, m in found:
+        left.setdefault(s.encode(), {})[m.encode()] = (s, m)
     pos = 0
     try:
-        while pos + _TYPE.size <= len(types):
+        while left and pos + _TYPE.size <= len(types):
             name_off, info, _ = _TYPE.unpack_from(types, pos)
             kind, vlen, kind_flag = (info >> 24) & 0x1F, info & 0xFFFF, info >> 31
             pos += _TYPE.size
             fixed, each = _EXTRA.get(kind, (0, 0))
-            if kind == KIND_STRUCT and name(name_off) == want_struct:
-                for i in range(vlen):
-                    m_name, _, offset = _MEMBER.unpack_from(types, pos + i * _MEMBER.size)
-                    if name(m_name) == want_member:
-                        bits = offset & 0xFFFFFF if kind_flag else offset
-                        return None if bits % 8 or (kind_flag and offset >> 24) else bits // 8
-                return None
+            members = left.pop(name(name_off), None) if kind == KIND_STRUCT else None
+            for i in range(vlen if members else 0):
+                m_name, _, offset = _MEMBER.unpack_from(types, pos + i * _MEMBER.size)
+                key = members.get(name(m_name))
+                if key is not None:
+                    bits = offset & 0xFFFFFF if kind_flag else offset
+                    found[key] = None if bits % 8 or (kind_flag and offset >> 24) else bits // 8
             pos += fixed + each * vlen
     except struct.error:
-        return None
-    return None
+        return found
+    return found

@@ -95,17 +95,20 @@ def _plan(config: Config, caps: dict[str, capability.Capability], say: bool) -> 
     return NetPlan(plan, flags)
 
 
+_CONNECTION_MEMBERS = (("sock", "__sk_common"), ("sock_common", "skc_family"), ("sock", "sk_type"),
+                       ("unix_sock", "addr"))
+
+
 def connection_offsets(path: str = VMLINUX_BTF) -> tuple[int, int, int] | None:
     """Where struct sock's family and type and struct unix_sock's address
     (which tells an accepted Unix socket from a socketpair) sit, from the
     kernel's BTF at ``path``: what net.c needs to follow connections on the
     socket tier with no syscall tracepoint (CONN_BY_STATE); None where the
     BTF lacks one of them."""
-    found = [btf.member_offset(s, m, path) for s, m in (
-        ("sock", "__sk_common"), ("sock_common", "skc_family"), ("sock", "sk_type"), ("unix_sock", "addr"))]
-    if None in found:
+    found = btf.member_offsets(_CONNECTION_MEMBERS, path)
+    if None in found.values():
         return None
-    base, family, kind, unix_addr = found
+    base, family, kind, unix_addr = (found[m] for m in _CONNECTION_MEMBERS)
     return base + family, kind, unix_addr
 
 

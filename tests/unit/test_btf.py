@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 import struct
 
-from sitsprobe.probes.btf import BTF_MAGIC, find_member, member_offset
+from sitsprobe.probes.btf import BTF_MAGIC, find_member, find_members, member_offset, member_offsets
 
 
 def blob(*, bitfield: bool = False) -> bytes:
@@ -29,6 +29,15 @@ def test_member_offsets_of_the_struct_named():
     assert find_member(b, "other", "pid") == 0  # same member name, another struct
     assert find_member(b, "task_struct", "missing") is None
     assert find_member(b, "missing", "pid") is None
+
+
+def test_several_members_in_one_pass():
+    want = [("task_struct", "tgid"), ("other", "pid"), ("task_struct", "pid"), ("missing", "pid"),
+            ("task_struct", "missing")]
+    assert find_members(blob(), want) == {("task_struct", "tgid"): 1268, ("other", "pid"): 0,
+                                          ("task_struct", "pid"): 1264, ("missing", "pid"): None,
+                                          ("task_struct", "missing"): None}
+    assert member_offsets(want, "/nonexistent") == dict.fromkeys(want)
 
 
 def test_a_bitfield_member_has_no_byte_offset():
