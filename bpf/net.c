@@ -57,7 +57,9 @@ struct uiovec {
 BPF_HASH(tracked, __u32, __u8, 4096);
 BPF_HASH(ports, __u16, __u8, 1024); /* select.ports: a process listening on one is tracked */
 BPF_HASH(conns, __u64, struct conn, MAX_CONNS);
-BPF_TABLE("lru_hash", __u64, __u8, overflow, MAX_OVERFLOW); /* accepted while conns was full (LRU: CONN_BY_STATE sees no close of those) */
+/* accepted while conns was full -> its socket (CONN_BY_STATE; else 1). LRU: CONN_BY_STATE sees no
+ * close of those, and tells a later socket on the fd by the socket */
+BPF_TABLE("lru_hash", __u64, __u64, overflow, MAX_OVERFLOW);
 BPF_PERCPU_HASH(untracked, __u32, __u64, 4096); /* tgid -> responses sent on them */
 BPF_HASH(inflight, __u64, struct args, 16384);
 BPF_TABLE("lru_hash", __u64, struct tuple, socks, 65536);
@@ -1153,7 +1155,7 @@ static __always_inline void new_conn(struct args *a, __u32 tgid, long fd, __u16 
     if (!c)
         return;
     if (conns.update(&key, c)) {
-        __u8 one = 1;
+        __u64 one = 1;
         count(C_CONN_OVERFLOW);
         if (overflow.update(&key, &one))
             count(C_UNCOUNTED);
@@ -1545,7 +1547,10 @@ static __always_inline struct conn *adopt(__u64 key, __u32 tgid, __u32 fd, __u64
     }
     struct args none = {.kind = K_ACCEPT}; /* no address to read: the tuple comes from `socks` */
     new_conn(&none, tgid, fd, flags);
-    return conns.lookup(&key);
+    struct conn *c = conns.lookup(&key);
+    if (!c && overflow.lookup(&key))
+        overflow.update(&key, &sk); /* refused: known by its socket from now on */
+    return c;
 #else
     return NULL; /* accept and connect make them */
 #endif
@@ -1574,12 +1579,21 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
         close_conn(c, key);
         c = NULL;
     }
-    if (!c && send && overflow.lookup(&key)) {
-        on_untracked_send(&a, tgid, ret);
-        return 0;
-    }
-    if (!c)
+    if (!c) {
+        /* refused by a full table at its first call: counted (untracked) for
+         * as long as it lives, as one refused at its accept is */
+        __u64 *refused = overflow.lookup(&key);
+        if (CONN_BY_STATE && refused && *refused != sk) {
+            overflow.delete(&key); /* that one is gone: its fd is this socket's */
+            refused = NULL;
+        }
+        if (refused) {
+            if (send)
+                on_untracked_send(&a, tgid, ret);
+            return 0;
+        }
         c = adopt(key, tgid, a.fd, sk, send);
+    }
     if (c) {
         learn_sock(c, sk);
         moved(c, key, &a, ret, id, a.enter_ns);
