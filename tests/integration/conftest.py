@@ -68,16 +68,18 @@ class TraceFile:
                         out.append(s)
         return out
 
-    def for_port(self, port: int) -> list[dict]:
-        """The server spans of a port (a client span's server.port is the port it called)."""
-        return [s for s in self.spans() if s["attrs"].get("server.port") == port and s.get("kind") != 3]
+    def for_port(self, port: int, pid: int | None = None) -> list[dict]:
+        """The server spans of a port (a client span's server.port is the port it called);
+        of one process's if given: the kernel may hand an earlier test's port to a later server."""
+        return [s for s in self.spans() if s["attrs"].get("server.port") == port and s.get("kind") != 3
+                and pid in (None, s["resource"].get("process.pid"))]
 
     def for_pid(self, pid: int) -> list[dict]:
         return [s for s in self.spans() if s["resource"].get("process.pid") == pid]
 
-    def wait_for_port(self, port: int, n: int, timeout: float = 15) -> list[dict]:
-        return wait_until(lambda: (s := self.for_port(port)) and len(s) >= n and s,
-                          timeout, f"{n} spans for port {port} (have {len(self.for_port(port))})")
+    def wait_for_port(self, port: int, n: int, timeout: float = 15, pid: int | None = None) -> list[dict]:
+        return wait_until(lambda: (s := self.for_port(port, pid)) and len(s) >= n and s,
+                          timeout, f"{n} spans for port {port} (have {len(self.for_port(port, pid))})")
 
 
 def _attrs(kvs: list[dict]) -> dict:

@@ -67,7 +67,7 @@ def test_each_request_is_one_trace_through_its_calls(agent, redis, tmp_path, fra
             status, body = get(service.port, f"/work/{i}")
             assert status == 200, body
             tally += json.loads(body)["calls"]
-        servers = agent.traces.wait_for_port(service.port, N)
+        servers = agent.traces.wait_for_port(service.port, N, pid=service.pid)
         mine = lambda s: s["resource"].get("process.pid") == service.pid  # noqa: E731
 
         def calls():
@@ -113,7 +113,7 @@ def test_a_grpc_call_and_its_server_are_in_the_callers_trace(agent, redis):
         for i in range(6):
             status, body = get(app.port, f"/rpc/{i}")
             assert status == 200, body
-        servers = agent.traces.wait_for_port(app.port, 6)
+        servers = agent.traces.wait_for_port(app.port, 6, pid=app.pid)
         callee = wait_until(lambda: (s := [x for x in agent.traces.for_pid(grpc_server.pid) if x["kind"] == SERVER])
                             and len(s) >= 6 and s, 15, "the gRPC server's 6 spans")
         index = by_id(agent.traces.spans())
@@ -146,7 +146,7 @@ def test_a_gateway_and_its_engine_share_each_trace(agent, tmp_path):
                 r.read()
                 conn.close()
             outer = agent.traces.wait_for_port(gateway.port, 8)
-            inner = agent.traces.wait_for_port(engine.port, 8)
+            inner = agent.traces.wait_for_port(engine.port, 8, pid=engine.pid)
             traces = {s["traceId"] for s in outer}
             assert len(traces) == 8
             assert {s["traceId"] for s in inner} == traces
