@@ -1526,6 +1526,20 @@ static __always_inline __u32 syscall_kind(__u64 nr)
  * child takes the listener's; a socketpair, such as asyncio's wake-up pair,
  * or a connecting client has none). Taken at a send, a server's connection
  * is one whose request was missed (CF_SEEDED, as one userspace seeds). */
+#if CONN_BY_STATE
+/* Whether the current thread is in a data call on c's fd: a TCP state change
+ * taken inside it (a reset that loopback delivers in the send that drew it)
+ * precedes that call's own sock_io, which must still count its bytes. */
+static __always_inline int in_call_on(struct conn *c)
+{
+    if (bpf_get_current_pid_tgid() >> 32 != c->tgid)
+        return 0;
+    struct pt_regs regs = {};
+    bpf_probe_read_kernel(&regs, sizeof(regs), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()));
+    return syscall_kind(SYSCALL_NR(&regs)) && (__u32)SYSCALL_ARG1(&regs) == c->fd;
+}
+#endif
+
 static __always_inline struct conn *adopt(__u64 key, __u32 tgid, __u32 fd, __u64 sk, __u32 send)
 {
 #if CONN_BY_STATE
@@ -1597,6 +1611,8 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
     if (c) {
         learn_sock(c, sk);
         moved(c, key, &a, ret, id, a.enter_ns);
+        if (CONN_BY_STATE && c->flags & CF_CLOSING)
+            close_conn(c, key); /* closed during this call (in_call_on); the tails find it gone */
         tails(ctx, 0);
     }
     return 0;
@@ -1620,18 +1636,22 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         }
         return 0;
     }
-    if (CONN_BY_STATE && (args->newstate == BPF_TCP_FIN_WAIT1 || args->newstate == BPF_TCP_LAST_ACK ||
-                          args->newstate == BPF_TCP_CLOSE)) {
+#if CONN_BY_STATE
+    if (args->newstate == BPF_TCP_FIN_WAIT1 || args->newstate == BPF_TCP_LAST_ACK ||
+        args->newstate == BPF_TCP_CLOSE) {
         /* the process closed it (or shut its sending side: no more answers
          * come), or it was reset: as close() ended a connection before */
         __u64 *key = sk_conns.lookup(&sk);
         __u64 k = key ? *key : 0;
         struct conn *c = key ? conns.lookup(&k) : NULL;
-        if (c && c->sk == sk)
+        if (c && c->sk == sk && in_call_on(c))
+            c->flags |= CF_CLOSING; /* its sock_io comes next, with this call's bytes */
+        else if (c && c->sk == sk)
             close_conn(c, k);
         else if (key)
             sk_conns.delete(&sk);
     }
+#endif
     if (args->newstate == BPF_TCP_CLOSE) {
         socks.delete(&sk);
         dialed.delete(&sk);

@@ -147,6 +147,7 @@ enum conn_state {
 #define CF_TLS_PLAIN 0x1000 /* ... and the library's plaintext has come (else, after TLS_GRACE
                              * calls, the connection is another library's: ciphertext, opaque) */
 #define CF_BINNED 0x2000  /* counted into `bins` when it is reported (BINS): userspace leaves its metrics */
+#define CF_CLOSING 0x4000 /* CONN_BY_STATE: TCP closed it inside the process's call on it; closed after that call */
 #define TLS_GRACE 16        /* reads and writes of a CF_TLS connection before its plaintext must come */
 
 /* struct exchange_event.reason: why the exchange was reported */

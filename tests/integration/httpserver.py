@@ -12,6 +12,7 @@ select it by command line.
   GET  /chunked/N       -> 200, N chunks (Transfer-Encoding: chunked)
   GET  /sse/N           -> 200, N server-sent events, then close
   GET  /hang            -> never answers (until the process dies)
+  GET  /slow/MS         -> 200 after MS milliseconds
   GET  anything else    -> 200, "ok <path>\n"
 """
 from __future__ import annotations
@@ -61,6 +62,8 @@ def respond(sock: socket.socket, mode: str, head: bytes, body: bytes) -> bool:
     path = target.decode()
     if path == "/hang":
         time.sleep(3600)
+    if path.startswith("/slow/"):
+        time.sleep(int(path.rsplit("/", 1)[1]) / 1000)
     if path.startswith("/chunked/"):
         send(sock, mode, [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"])
         for i in range(int(path.rsplit("/", 1)[1])):

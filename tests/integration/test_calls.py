@@ -102,6 +102,29 @@ def test_each_request_is_one_trace_through_its_calls(agent, redis, tmp_path, fra
         assert got == tally, (got, tally)
 
 
+def test_answers_to_clients_that_left_are_counted_and_stitched(agent, redis, tmp_path):
+    """A client that sends its request and closes: Flask (werkzeug) answers
+    after its calls, redis-server after a script's busy loop, and each answer
+    draws a reset that loopback delivers inside the send of it. Both answers
+    are counted and in their spans, on every tier."""
+    from .test_net import abandon
+
+    body = b"for i = 1, 20000000 do end return 7"  # a busy redis-server: the client's FIN comes first
+    script = b"*3\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n$1\r\n0\r\n" % (len(body), body)
+    with Nginx(agent, tmp_path / "nginx") as backend, \
+            CallingService(agent, "flask", f"http://127.0.0.1:{backend.port}") as service:
+        abandon(service.port, b"GET /work/99 HTTP/1.1\r\nHost: a\r\n\r\n")
+        abandon(REDIS_PORT, script)
+        [evals] = wait_until(lambda: [s for s in agent.traces.for_pid(redis.proc.pid) if s["kind"] == SERVER
+                                      and s["attrs"].get("db.operation.name") == "EVAL"], 15, "the EVAL span")
+        assert evals["attrs"].get("sitsprobe.complete") is not False and \
+            evals.get("status", {}).get("code") != 2, evals
+        [left] = wait_until(lambda: [s for s in agent.traces.for_pid(service.pid)
+                                     if s["attrs"].get("url.path") == "/work/99"], 15, "the Flask span")
+        assert left["attrs"].get("http.response.status_code") == 200, left["attrs"]
+        assert agent.metric("sitsprobe_http_server_requests_total", pid=service.pid) == 1
+
+
 def test_a_grpc_call_and_its_server_are_in_the_callers_trace(agent, redis):
     """Flask calling a traced grpcio server: its gRPC client span under its
     server span, and the gRPC server's span under that call (HTTP/2 stream

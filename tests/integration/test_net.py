@@ -217,6 +217,25 @@ def test_garbage_and_a_process_dying_mid_request_leave_the_agent_counting(agent)
         check_against_tally(spans, tally)
 
 
+def abandon(port: int, request: bytes) -> None:
+    """Send a request and close at once: the server's answer, when it comes,
+    draws a reset, which loopback delivers inside the very send of it."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(request)
+
+
+def test_an_answer_to_a_client_that_left_is_counted_and_stitched(agent):
+    with Server(agent) as server:
+        for i in range(3):
+            abandon(server.port, f"GET /slow/{100 + i} HTTP/1.1\r\nHost: a\r\n\r\n".encode())
+        spans = wait_until(lambda: (s := [x for x in agent.traces.for_pid(server.pid)
+                                          if x["attrs"].get("url.path", "").startswith("/slow/")])
+                           and len(s) >= 3 and s, 15, "the three abandoned requests' spans")
+        assert all(s["attrs"].get("http.response.status_code") == 200 for s in spans), [s["attrs"] for s in spans]
+        assert agent.metric("sitsprobe_http_server_requests_total", pid=server.pid,
+                            http_response_status_code=200) == 3
+
+
 def test_metrics_and_otlp_receiver_agree_with_the_file(agent):
     with Server(agent) as server:
         c = Client(server.port)
