@@ -63,8 +63,10 @@ BPF_TABLE("lru_hash", __u64, __u64, overflow, MAX_OVERFLOW);
 BPF_PERCPU_HASH(untracked, __u32, __u64, 4096); /* tgid -> responses sent on them */
 BPF_HASH(inflight, __u64, struct args, 16384);
 BPF_TABLE("lru_hash", __u64, struct tuple, socks, 65536);
-BPF_TABLE("lru_hash", __u64, __u8, dialed, 65536);    /* CONN_BY_STATE: sk -> it connected (a client's) */
-BPF_TABLE("lru_hash", __u64, __u64, sk_conns, MAX_CONNS); /* CONN_BY_STATE: sk -> its conn's key */
+#if CONN_BY_STATE
+BPF_TABLE("lru_hash", __u64, __u8, dialed, 65536);    /* sk -> it connected (a client's) */
+BPF_TABLE("lru_hash", __u64, __u64, sk_conns, MAX_CONNS); /* sk -> its conn's key */
+#endif
 BPF_PERCPU_ARRAY(counters, __u64, C_COUNTERS);
 BPF_PERCPU_HASH(http_status, struct status_key, __u64, 65536);
 BPF_PERCPU_ARRAY(zero_conn, struct conn, 1);
@@ -1395,8 +1397,9 @@ static __always_inline void close_conn(struct conn *c, __u64 key)
         canonical(&c->t, &t, 0);
         clients.delete(&t);
     }
-    if (CONN_BY_STATE)
-        sk_conns.delete(&c->sk);
+#if CONN_BY_STATE
+    sk_conns.delete(&c->sk);
+#endif
     conns.delete(&key);
     bodies.delete(&key);
 }
@@ -1438,10 +1441,10 @@ static __always_inline void learn_sock(struct conn *c, __u64 sk)
     if (c->sk == sk)
         return;
     c->sk = sk;
-    if (CONN_BY_STATE) {
-        __u64 key = conn_key(c->tgid, c->fd);
-        sk_conns.update(&sk, &key);
-    }
+#if CONN_BY_STATE
+    __u64 key = conn_key(c->tgid, c->fd);
+    sk_conns.update(&sk, &key);
+#endif
     struct tuple *t = socks.lookup(&sk);
     if (t) {
         c->t = *t;
@@ -1654,15 +1657,19 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 #endif
     if (args->newstate == BPF_TCP_CLOSE) {
         socks.delete(&sk);
+#if CONN_BY_STATE
         dialed.delete(&sk);
+#endif
         return 0;
     }
     if (args->newstate != BPF_TCP_ESTABLISHED)
         return 0;
-    if (CONN_BY_STATE && args->oldstate == BPF_TCP_SYN_SENT) {
+#if CONN_BY_STATE
+    if (args->oldstate == BPF_TCP_SYN_SENT) {
         __u8 one = 1;
         dialed.update(&sk, &one);
     }
+#endif
     struct tuple t = {.family = args->family, .lport = args->sport, .rport = args->dport};
     if (args->family == AF_INET_) {
         __builtin_memcpy(t.laddr, args->saddr, 4);
