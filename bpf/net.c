@@ -997,6 +997,16 @@ static __always_inline void close_chunk(struct conn *c)
         count(C_CHUNKS_LOST);
 }
 
+/* Whether the chunk this call is about to send (the tails') is c's, made when
+ * TCP had ended c during the call (CF_CLOSING): userspace takes it as the
+ * close too, so no close chunk comes before the call's last bytes. */
+static __always_inline int chunk_closes(struct conn *c)
+{
+    int zero = 0;
+    struct chunk_state *st = chunk_states.lookup(&zero);
+    return st && st->pending && st->h.flags & CF_CLOSING && st->h.tgid == c->tgid && st->h.fd == c->fd;
+}
+
 /* Request bytes: read by a server, written by a client (from `t`, the
  * read's return or the write's start). */
 static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 t)
@@ -1390,7 +1400,7 @@ static __always_inline void close_conn(struct conn *c, __u64 key)
         __sync_fetch_and_add(&c->seq, 1); /* a reader of the entry sees it changed (`taken`) */
         report(c, END_CLOSE);
     }
-    if (c->flags & CF_STREAM)
+    if (c->flags & CF_STREAM && !chunk_closes(c))
         close_chunk(c);
     if (c->flags & CF_CLIENT && c->flags & CF_TUPLE) {
         struct tuple t = {};
@@ -1614,8 +1624,15 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
     if (c) {
         learn_sock(c, sk);
         moved(c, key, &a, ret, id, a.enter_ns);
-        if (CONN_BY_STATE && c->flags & CF_CLOSING)
-            close_conn(c, key); /* closed during this call (in_call_on); the tails find it gone */
+        if (CONN_BY_STATE && c->flags & CF_CLOSING) { /* ended during this call (in_call_on) */
+            int zero = 0;
+            struct beat_state *bs = GENAI ? beat_states.lookup(&zero) : NULL;
+            if (bs && bs->n) { /* its exchange is reported now: a write's event after it would wait for nothing */
+                bs->n = 0;
+                count(C_WRITES_LOST);
+            }
+            close_conn(c, key); /* its chunk, if any, says so (chunk_closes) */
+        }
         tails(ctx, 0);
     }
     return 0;

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..abi import CF_BY_PROCESS, CF_CLIENT, CF_SEEDED, CF_TLS, CH_CLOSE, CH_IN
+from ..abi import CF_BY_PROCESS, CF_CLIENT, CF_CLOSING, CF_SEEDED, CF_TLS, CH_CLOSE, CH_IN
 from ..events import Chunk
 from ..request import H2, Link, Request
 from ..routes import RouteMapper
@@ -67,6 +67,8 @@ class StreamStitcher:
             if len(c.links) > MAX_LINKS:
                 del c.links[next(iter(c.links))]
         c.conn.feed(ch.ts_ns, "in" if ch.dir == CH_IN else "out", ch.data, ch.size)
+        if ch.flags & CF_CLOSING:  # TCP ended it during this call: the chunk is its close too
+            return self._close(key, ch.ts_ns)
         return self._requests(c)
 
     def forget(self, tgid: int, now_ns: int) -> list[Request]:

@@ -5,7 +5,7 @@ import h2.config
 import h2.connection
 import h2.errors
 
-from sitsprobe.abi import CF_CLIENT, CF_SEEDED, CF_TLS, CF_TUPLE, CH_CLOSE, CH_IN, CH_OUT
+from sitsprobe.abi import CF_CLIENT, CF_CLOSING, CF_SEEDED, CF_TLS, CF_TUPLE, CH_CLOSE, CH_IN, CH_OUT
 from sitsprobe.events import Chunk
 from sitsprobe.request import Endpoint
 from sitsprobe.routes import RouteMapper
@@ -98,3 +98,22 @@ def test_close_and_a_missed_start():
     assert all(r.path is None and r.partial for r in reqs), reqs  # never a guess
     assert [r.complete for r in reqs] == [True, False]  # stream 5 was open at the close
     assert s.counts()[("server", "partial")] == 1
+
+
+def test_a_chunk_sent_as_tcp_closed_its_connection_is_its_last():
+    """The kernel's last chunk of a connection TCP ended during that very call
+    (a reset drawn by the send of the answer's trailers) carries CF_CLOSING
+    and no close chunk comes: its bytes count, then the connection ends."""
+    w = Wire()
+    w.client.send_headers(1, [(":method", "POST"), (":path", "/pkg.Svc/Slow"), (":scheme", "http"),
+                              (":authority", "svc"), ("content-type", "application/grpc")])
+    w.client.send_headers(3, [(":method", "POST"), (":path", "/pkg.Svc/Slow"), (":scheme", "http"),
+                              (":authority", "svc"), ("content-type", "application/grpc")], end_stream=True)
+    w.flush()
+    w.server.send_headers(3, [(":status", "200"), ("content-type", "application/grpc"),
+                              ("grpc-status", "4")], end_stream=True)
+    w.flush()
+    *before, last = w.chunks
+    reqs, s = stitch([*before, last._replace(flags=last.flags | CF_CLOSING)])
+    assert [(r.h2.stream_id, r.h2.grpc_status, r.complete) for r in reqs] == [(3, 4, True), (1, None, False)]
+    assert s.counts()[("server", "connections")] == 1 and not s._conns  # closed: nothing left open
