@@ -24,7 +24,6 @@ span per stage it stays.
 from __future__ import annotations
 
 import logging
-import random
 import socket
 import threading
 import time
@@ -45,7 +44,7 @@ from sitsprobe.clock import WallClock
 from sitsprobe.containers import container_of
 from sitsprobe.workloads import Workload
 from sitsprobe.request import Request
-from sitsprobe.stitch.join import Span, Trace
+from sitsprobe.stitch.join import Span, Trace, new_id
 
 from . import otlp_settings
 from .otlp_spans import (
@@ -69,6 +68,7 @@ SEND_DELAY_S = 1.0  # a batch goes out when it is full, else within this long
 _KINDS = {kind: kind.value + 1 for kind in SpanKind}  # OTLP's SpanKind numbers (the SDK encoder's rule)
 _INTERNAL = _KINDS[SpanKind.INTERNAL]
 _NO_PARENT = Context()  # the sampler's parent context for a root
+_NO_STATE = TraceState()  # a sampled span's trace state when it has none
 
 
 class TraceExporter:
@@ -141,14 +141,11 @@ class TraceExporter:
             parent = _remote_parent(req)
         if parent is not None:
             trace_id = parent.trace_id
-            context = trace.set_span_in_context(trace.NonRecordingSpan(parent), _NO_PARENT)
         else:
-            trace_id = place.trace_id if place is not None else _random_id(128)
-            context = _NO_PARENT
+            trace_id = place.trace_id if place is not None else new_id(128)
         name, kind = span_name(req), span_kind(req)
-        # the standard samplers read no attributes: a span sampled out costs none
-        decision = self._sampler.should_sample(context, trace_id, name, kind)
-        if not decision.decision.is_sampled():
+        trace_state = self._decide(parent, trace_id, name, kind)
+        if trace_state is None:
             return
         attrs = span_attributes(req)
         if place is not None and place.via is not None:
@@ -159,8 +156,8 @@ class TraceExporter:
             resource = self._resource_of(req.pid, req.comm)
             lanes = self._lanes_now()
         wall = self._clock.to_wall_ns
-        state = decision.trace_state.to_header() if decision.trace_state else ""
-        span_id = place.span_id if place is not None else _random_id(64)
+        state = trace_state.to_header() if trace_state else ""
+        span_id = place.span_id if place is not None else new_id(64)
         spans = self._engine_spans(req, resource, trace_id, span_id, state) if req.inference is not None else []
         flags_out = HAS_IS_REMOTE | IS_REMOTE if parent is not None and parent.is_remote else HAS_IS_REMOTE
         spans.append(SpanData(resource, trace_id, span_id, parent.span_id if parent is not None else 0,
@@ -169,16 +166,36 @@ class TraceExporter:
         for lane in lanes:
             lane.offer(spans)
 
+    def _decide(self, parent: SpanContext | None, trace_id: int, name: str,
+                kind: SpanKind) -> TraceState | None:
+        """The sampler's decision on a span: its trace state if sampled (an
+        empty one for none), else None. The standard samplers read no
+        attributes, so a span sampled out costs none. The default sampler
+        (parent-based, else always on) and always-on are decided here as
+        they decide, without the context objects their interface takes."""
+        if self._sampler is sampling.ALWAYS_ON or self._sampler is sampling.DEFAULT_ON:
+            if parent is None:
+                return _NO_STATE
+            if self._sampler is sampling.DEFAULT_ON and not parent.trace_flags.sampled:
+                return None
+            return parent.trace_state
+        context = _NO_PARENT if parent is None else \
+            trace.set_span_in_context(trace.NonRecordingSpan(parent), _NO_PARENT)
+        decision = self._sampler.should_sample(context, trace_id, name, kind)
+        if not decision.decision.is_sampled():
+            return None
+        return decision.trace_state if decision.trace_state is not None else _NO_STATE
+
     def _engine_spans(self, req: Request, resource: SpanResource, trace_id: int, parent_id: int,
                       state: str) -> list[SpanData]:
         """The engine's stages and cache look-ups, as children of the request's span."""
         wall = self._clock.to_wall_ns
         out = []
         for st, attrs in zip(req.inference.stages, stage_attributes(req)):
-            out.append(SpanData(resource, trace_id, _random_id(64), parent_id, HAS_IS_REMOTE, state, st.name,
+            out.append(SpanData(resource, trace_id, new_id(64), parent_id, HAS_IS_REMOTE, state, st.name,
                                 _INTERNAL, wall(st.start_ns), wall(st.end_ns), attrs, False))
         for c in req.inference.cache:
-            out.append(SpanData(resource, trace_id, _random_id(64), parent_id, HAS_IS_REMOTE, state,
+            out.append(SpanData(resource, trace_id, new_id(64), parent_id, HAS_IS_REMOTE, state,
                                 f"cache_get {c.cache}", _INTERNAL, wall(c.ts_ns), wall(c.ts_ns),
                                 cache_attributes(c), False))
         return out
@@ -278,11 +295,6 @@ def _remote_parent(req: Request) -> SpanContext | None:
     ctx = SpanContext(tp.trace_id, tp.span_id, is_remote=True, trace_flags=TraceFlags(tp.flags),
                       trace_state=state)
     return ctx if ctx.is_valid else None
-
-
-def _random_id(bits: int) -> int:
-    """A random trace or span id, never 0 (the SDK's generator draws the same way)."""
-    return random.getrandbits(bits) or 1
 
 
 class _Lane:

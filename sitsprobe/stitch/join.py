@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 
 from ..request import Request
 
-_rand = random.SystemRandom()
 
-
-def _new_id(bits: int) -> int:
-    return _rand.getrandbits(bits) or 1
+def new_id(bits: int) -> int:
+    """A random trace or span id, never 0, drawn as the SDK's id generator
+    draws them (random.getrandbits: unique, not secret; os.urandom through
+    SystemRandom cost ten times as much, a syscall per id)."""
+    return random.getrandbits(bits) or 1
 
 
 @dataclass(slots=True)
@@ -221,7 +222,7 @@ class Joiner:
     def _release(self, node: _Node) -> Trace:
         tp = node.req.traceparent
         trace = Trace([], flags=tp.flags if tp is not None else 1)
-        self._place(trace, node, tp.trace_id if tp is not None else _new_id(128), None, None)
+        self._place(trace, node, tp.trace_id if tp is not None else new_id(128), None, None)
         return trace
 
     def _late(self, node: _Node, parent: _Placed, via: str) -> list[Trace]:
@@ -237,7 +238,7 @@ class Joiner:
 
     def _place(self, trace: Trace, node: _Node, trace_id: int, parent_id: int | None, via: str | None) -> None:
         r = node.req
-        span = Span(r, trace_id, _new_id(64), parent_id, via)
+        span = Span(r, trace_id, new_id(64), parent_id, via)
         trace.spans.append(span)
         if r.calls:  # later requests may belong to this one
             self._close(r)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import socket
 import threading
@@ -20,6 +21,7 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import sampling
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.sdk.version import __version__ as sdk_version
 from opentelemetry.trace import SpanContext, SpanKind
@@ -351,6 +353,37 @@ def test_samplers_from_the_environment(monkeypatch, tmp_path):
     assert TraceIdRatioBased(0.5).bound > LOW and TraceIdRatioBased(0.5).bound < HIGH
     assert sampled(monkeypatch, tmp_path, "traceidratio", "0.5", root(LOW, 0xA), root(HIGH, 0xB)) == ["a"]
     assert sampled(monkeypatch, tmp_path, "parentbased_traceidratio", "0.5", *everything) == ["a", "c"]
+
+
+@pytest.mark.parametrize("name", ["parentbased_always_on", "always_on"])
+def test_the_default_samplers_decide_as_the_sdks_own(monkeypatch, tmp_path, name):
+    """parentbased_always_on and always_on are decided without the SDK's
+    sampler call; the same sampler, as an object of its own, goes through
+    that call. Both give the same spans, ids and trace states."""
+    def spans(sampler):
+        random.seed(7)  # the ids of requests exported alone are drawn
+        exporter = TraceExporter(clock=clock(), proc=str(tmp_path / "proc"))
+        if sampler is not None:
+            exporter._sampler = sampler
+        exporter.sinks = (sink := Collect(),)
+        for w in what:
+            exporter.export_trace(w) if isinstance(w, Trace) else exporter.export(w)
+        exporter.shutdown()
+        return [(s.trace_id, s.span_id, s.parent_id, s.flags, s.trace_state) for s in sink.spans]
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", name)
+    states = ("vendor=v1,other=x", None)
+    what = [*cases().values(),
+            *(Trace([Span(http_request(traceparent=TraceParent(CALLER_TRACE, CALLER_SPAN, flags),
+                                       tracestate=state), CALLER_TRACE, 0xC0 + flags)])
+              for flags in (0, 1) for state in states)]
+    fast = spans(None)
+    assert TraceExporter(clock=clock(), proc=str(tmp_path / "proc"))._sampler is \
+        {"parentbased_always_on": sampling.DEFAULT_ON, "always_on": sampling.ALWAYS_ON}[name]
+    own = sampling.ParentBased(sampling.StaticSampler(sampling.Decision.RECORD_AND_SAMPLE)) \
+        if name == "parentbased_always_on" else sampling.StaticSampler(sampling.Decision.RECORD_AND_SAMPLE)
+    assert fast == spans(own)
+    assert ("vendor=v1,other=x" in {s[4] for s in fast}) and len(fast) > len(what)
 
 
 def test_an_unsampled_request_takes_its_children_with_it(monkeypatch, tmp_path):
