@@ -101,7 +101,24 @@ def parse_request_heads(data: bytes, limit: int = 16) -> list[RequestHead]:
     return heads
 
 
-def _request(data: bytes, pos: int) -> tuple[RequestHead | None, int]:
+def request_headers(data: bytes) -> dict[str, str] | None:
+    """The header fields of the first request head in ``data``, as
+    :func:`parse_request_heads` reads them (no more: what a traced request
+    needs of a head already parsed once); None if there is none."""
+    if data.startswith(b"\r\n"):
+        data = data[2:]
+    elif data.startswith(b"\n"):
+        data = data[1:]
+    line = _request_line(data, 0)
+    if line is None:
+        return None
+    nl = line[3]
+    return _headers(data, nl)[0] if nl >= 0 else {}
+
+
+def _request_line(data: bytes, pos: int) -> tuple[bytes, bytes, bytes, int] | None:
+    """(method, target, version, the index of its LF or -1 if cut) of the
+    request line at ``pos``; None if it is not one."""
     nl = data.find(b"\n", pos, pos + _MAX_LINE)
     line = (data[pos:nl] if nl >= 0 else data[pos : pos + _MAX_LINE]).rstrip(b"\r")
     method, _, rest = line.partition(b" ")
@@ -112,17 +129,23 @@ def _request(data: bytes, pos: int) -> tuple[RequestHead | None, int]:
         or method.translate(None, _TCHAR)
         or len(line.translate(None, _CTL)) != len(line)
     ):
-        return None, -1
+        return None
     if nl >= 0:
         if version not in _VERSIONS:
-            return None, -1
-        headers, end = _headers(data, nl)
-    else:  # request line cut: ask for more evidence that this is HTTP
-        if method not in _METHODS or not (
-            b"HTTP/1.1".startswith(version) or b"HTTP/1.0".startswith(version)
-        ):
-            return None, -1
-        headers, end = {}, -1
+            return None
+    elif method not in _METHODS or not (  # request line cut: ask for more evidence that this is HTTP
+        b"HTTP/1.1".startswith(version) or b"HTTP/1.0".startswith(version)
+    ):
+        return None
+    return method, target, version, nl
+
+
+def _request(data: bytes, pos: int) -> tuple[RequestHead | None, int]:
+    line = _request_line(data, pos)
+    if line is None:
+        return None, -1
+    method, target, version, nl = line
+    headers, end = _headers(data, nl) if nl >= 0 else ({}, -1)
     target_s = target[:MAX_TARGET].decode("latin-1")
     tp = headers.get("traceparent")
     head = RequestHead(

@@ -14,6 +14,7 @@ from sitsprobe.stitch.http import (
     parse_request_heads,
     parse_response_head,
     parse_traceparent,
+    request_headers,
 )
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -435,6 +436,21 @@ def test_mutated_messages():
         data = mutate(rng, PIPELINED)
         check_request_heads(data[: rng.randrange(len(data) + 1)], limit=rng.randrange(0, 4))
         check_response_head(mutate(rng, RESPONSE))
+
+
+def test_a_heads_headers_alone_are_what_the_whole_parse_reads():
+    """request_headers (what a traced request's export reads) agrees with
+    parse_request_heads on mutated, cut and random heads."""
+    rng = random.Random(99)
+    samples = [PIPELINED, b"\r\n" + PIPELINED, b"\n" + PIPELINED, b"GET / HTTP/1.1\r\nA: 1\r\na: 2\r\n\r\n"]
+    found = 0
+    for i in range(5000):
+        data = mutate(rng, rng.choice(samples)) if i % 10 else os.urandom(rng.randrange(0, 300))
+        data = data[: rng.randrange(len(data) + 1)]
+        heads = parse_request_heads(data, limit=1)
+        assert request_headers(data) == (heads[0].headers if heads else None), data
+        found += bool(heads and heads[0].headers)
+    assert found > 1000  # most had headers to agree on
 
 
 def test_huge_header_count():

@@ -16,7 +16,7 @@ from ...redact import redact_target
 from ...request import Request
 from ...routes import RouteMapper
 from ..http import (looks_like_request, parse_request_heads, parse_response_head,
-                    parse_traceparent, path_of, request_line)
+                    parse_traceparent, path_of, request_headers, request_line)
 from .common import end_ns, ended_early, transport
 
 NAME = "http/1.1"
@@ -123,15 +123,15 @@ def enrich(r: Request, redact: frozenset[str], keep_query: frozenset[str]) -> Re
     agent), the trace context the kernel found past them, and its query
     string with every value but those of ``keep_query`` redacted. A header
     named in ``redact`` (capture.redact_headers) is never exported."""
-    head = parse_request_heads(r.head, limit=1)[0] if r.head else None
-    if r.head and head is None:
+    headers = request_headers(r.head) if r.head else None
+    if r.head and headers is None:
         return r._replace(head=b"", target=redact_target(r.target, keep_query))
     tp, ts = r.traceparent, r.tracestate
     agent = r.user_agent
-    if head is not None:
-        tp = head.traceparent or tp
-        ts = head.headers.get("tracestate") or ts
-        agent = head.headers.get("user-agent")
+    if headers is not None:
+        tp = (parse_traceparent(v) if (v := headers.get("traceparent")) else None) or tp
+        ts = headers.get("tracestate") or ts
+        agent = headers.get("user-agent")
     if r.trace_headers is not None:
         far_tp, far_ts = r.trace_headers
         tp = tp or (parse_traceparent(_value(far_tp)) if far_tp else None)
