@@ -50,6 +50,8 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _dumps = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps with the file's separators
 _str = encode_basestring_ascii  # a str as json.dumps writes it: quoted, escaped, ASCII only
 _SCOPE_JSON = _dumps({"name": SCOPE[0], "version": SCOPE[1]})
+_KEY_JSON: dict[str, str] = {}  # attribute key -> its KeyValue's text up to the value
+_MAX_KEYS_KEPT = 4096
 
 
 class SpanResource:
@@ -240,25 +242,30 @@ def _span_json(s: SpanData) -> str:
 def _attributes_json(attributes: Mapping[str, object]) -> str:
     """``attributes`` as OTLP/JSON KeyValues, comma-separated: the usual types by
     exact type (the fast path, as in :func:`_set_attributes`), the others by
-    :func:`_value`. A value that cannot be encoded loses its attribute, with a warning."""
+    :func:`_value`. A value that cannot be encoded loses its attribute, with a warning.
+    Each key's text is written once (_KEY_JSON): the agent's keys are a few hundred."""
     out = []
+    keys = _KEY_JSON
     for key, value in attributes.items():
+        k = keys.get(key)
+        if k is None:
+            k = '{"key":' + _str(key) + ',"value":'
+            if len(keys) < _MAX_KEYS_KEPT:
+                keys[key] = k
         t = type(value)
         if t is str:
-            v = '{"stringValue":' + _str(value) + "}"
+            out.append(k + '{"stringValue":' + _str(value) + "}}")
         elif t is int and _INT64_MIN <= value <= _INT64_MAX:
-            v = f'{{"intValue":"{value}"}}'
+            out.append(f'{k}{{"intValue":"{value}"}}}}')
         elif t is float and math.isfinite(value):
-            v = '{"doubleValue":' + repr(value) + "}"  # as json.dumps writes a float
+            out.append(k + '{"doubleValue":' + repr(value) + "}}")  # as json.dumps writes a float
         elif t is bool:
-            v = '{"boolValue":true}' if value else '{"boolValue":false}'
+            out.append(k + ('{"boolValue":true}}' if value else '{"boolValue":false}}'))
         else:
             try:
-                v = _dumps(_value(value))
+                out.append(k + _dumps(_value(value)) + "}")
             except (TypeError, ValueError) as e:  # as the SDK's encoder: lose the one attribute
                 log.warning("cannot encode attribute %s: %s", key, e)
-                continue
-        out.append('{"key":' + _str(key) + ',"value":' + v + "}")
     return ",".join(out)
 
 
