@@ -239,3 +239,28 @@ class Request(NamedTuple):
     @property
     def is_error(self) -> bool:
         return (self.status is not None and self.status >= 500) or not self.complete
+
+
+def _replace_by_index(cls: type, fields: tuple[str, ...]):
+    """A NamedTuple's _replace, the same in what it does (new values by name,
+    ValueError for a name it has not), built for one class: the generic one
+    pops every one of a Request's 40 fields from the keywords, 1.3 µs a call
+    whatever is replaced; a request is replaced three times or more on its
+    way to a span. This one sets the named ones by index: 0.5 µs."""
+    index = {f: i for i, f in enumerate(fields)}
+    new = tuple.__new__
+
+    def _replace(self, /, **kwds):
+        values = list(self)
+        for name, value in kwds.items():
+            i = index.get(name)
+            if i is None:
+                raise ValueError(f"Got unexpected field names: {[k for k in kwds if k not in index]!r}")
+            values[i] = value
+        return new(cls, values)
+
+    _replace.__doc__ = f"Return a new {cls.__name__} object replacing specified fields with new values"
+    return _replace
+
+
+Request._replace = _replace_by_index(Request, Request._fields)  # typing.NamedTuple forbids it in the body
