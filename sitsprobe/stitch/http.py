@@ -84,10 +84,7 @@ def parse_request_heads(data: bytes, limit: int = 16) -> list[RequestHead]:
     heads: list[RequestHead] = []
     pos = 0
     while pos < len(data) and len(heads) < limit:
-        if data.startswith(b"\r\n", pos):  # RFC 9112 2.2: ignore an empty line before a request
-            pos += 2
-        elif data.startswith(b"\n", pos):
-            pos += 1
+        pos = _past_empty_line(data, pos)
         head, end = _request(data, pos)
         if head is None:
             break
@@ -105,15 +102,18 @@ def request_headers(data: bytes) -> dict[str, str] | None:
     """The header fields of the first request head in ``data``, as
     :func:`parse_request_heads` reads them (no more: what a traced request
     needs of a head already parsed once); None if there is none."""
-    if data.startswith(b"\r\n"):
-        data = data[2:]
-    elif data.startswith(b"\n"):
-        data = data[1:]
-    line = _request_line(data, 0)
+    line = _request_line(data, _past_empty_line(data, 0))
     if line is None:
         return None
     nl = line[3]
     return _headers(data, nl)[0] if nl >= 0 else {}
+
+
+def _past_empty_line(data: bytes, pos: int) -> int:
+    """RFC 9112 2.2: an empty line before a request is ignored."""
+    if data.startswith(b"\r\n", pos):
+        return pos + 2
+    return pos + 1 if data.startswith(b"\n", pos) else pos
 
 
 def _request_line(data: bytes, pos: int) -> tuple[bytes, bytes, bytes, int] | None:
