@@ -15,8 +15,8 @@
  * at exec, by userspace's scan, or by their first look-up.
  */
 #include <uapi/linux/ptrace.h>
-#include <linux/sched.h>
 #include "sitsprobe.h"
+#include "user_read.h"
 
 #define AF_INET_ 2
 #define AF_INET6_ 10
@@ -81,7 +81,7 @@ static __always_inline u64 arg_of(struct regs6 *r, u32 n)
 static __always_inline int sds_len(u64 s, u64 *len)
 {
     u8 flags = 0;
-    if (bpf_probe_read_user(&flags, 1, (void *)(s - 1)))
+    if (read_user(&flags, 1, (void *)(s - 1)))
         return -1;
     switch (flags & 7) {
     case 0:
@@ -89,27 +89,27 @@ static __always_inline int sds_len(u64 s, u64 *len)
         return 0;
     case 1: {
         u8 l = 0;
-        if (bpf_probe_read_user(&l, 1, (void *)(s - 3)))
+        if (read_user(&l, 1, (void *)(s - 3)))
             return -1;
         *len = l;
         return 0;
     }
     case 2: {
         u16 l = 0;
-        if (bpf_probe_read_user(&l, 2, (void *)(s - 5)))
+        if (read_user(&l, 2, (void *)(s - 5)))
             return -1;
         *len = l;
         return 0;
     }
     case 3: {
         u32 l = 0;
-        if (bpf_probe_read_user(&l, 4, (void *)(s - 9)))
+        if (read_user(&l, 4, (void *)(s - 9)))
             return -1;
         *len = l;
         return 0;
     }
     case 4:
-        return bpf_probe_read_user(len, 8, (void *)(s - 17)) ? -1 : 0;
+        return read_user(len, 8, (void *)(s - 17)) ? -1 : 0;
     }
     return -1;
 }
@@ -138,7 +138,7 @@ static __always_inline int on_enter(struct pt_regs *ctx, u32 slot)
     u64 key = arg_of(&r, cfg->key_arg);
     if (cfg->key_kind == CK_REDIS_ROBJ) {
         u64 s = 0;
-        if (key && bpf_probe_read_user(&s, sizeof(s), (void *)(key + 8)) == 0 && s &&
+        if (key && read_user(&s, sizeof(s), (void *)(key + 8)) == 0 && s &&
             sds_len(s, &c.key_len) == 0)
             c.key_ptr = s;
     } else {
@@ -162,7 +162,7 @@ static __always_inline int is_hit(struct cache_cfg *cfg, s64 v)
         u32 n = cfg->hit_deref;
         if (n > 8)
             n = 8;
-        if (bpf_probe_read_user(&x, n, (void *)p))
+        if (read_user(&x, n, (void *)p))
             x = 0;
         v = x;
     }
@@ -184,7 +184,7 @@ static __always_inline void copy_key(struct cache_event *e, struct cache_call *c
     if (!c->key_ptr)
         return;
     if (c->kind == CK_CSTR) {
-        long n = bpf_probe_read_user_str(e->key, CACHE_KEY_CAP, (void *)c->key_ptr);
+        long n = read_user_str(e->key, CACHE_KEY_CAP, (void *)c->key_ptr);
         if (n > 0) {
             e->key_len = n - 1;
             e->key_size = n - 1;
@@ -199,7 +199,7 @@ static __always_inline void copy_key(struct cache_event *e, struct cache_call *c
         n = CACHE_KEY_CAP;
         e->flags |= CE_TRUNCATED;
     }
-    if (n && bpf_probe_read_user(e->key, n, (void *)c->key_ptr) == 0)
+    if (n && read_user(e->key, n, (void *)c->key_ptr) == 0)
         e->key_len = n;
 }
 
@@ -323,13 +323,13 @@ static __always_inline int accept_exit(long fd)
         return 0;
     struct cache_peer p = {};
     if (addr) {
-        bpf_probe_read_user(&p.family, 2, (void *)addr);
+        read_user(&p.family, 2, (void *)addr);
         if (p.family == AF_INET_) {
-            bpf_probe_read_user(&p.port, 2, (void *)(addr + 2));
-            bpf_probe_read_user(p.addr, 4, (void *)(addr + 4));
+            read_user(&p.port, 2, (void *)(addr + 2));
+            read_user(p.addr, 4, (void *)(addr + 4));
         } else if (p.family == AF_INET6_) {
-            bpf_probe_read_user(&p.port, 2, (void *)(addr + 2));
-            bpf_probe_read_user(p.addr, 16, (void *)(addr + 8));
+            read_user(&p.port, 2, (void *)(addr + 2));
+            read_user(p.addr, 16, (void *)(addr + 8));
         } else if (p.family != AF_UNIX_) {
             p.family = 0;
         }

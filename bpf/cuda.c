@@ -12,6 +12,7 @@
  */
 #include <uapi/linux/ptrace.h>
 #include "sitsprobe.h"
+#include "user_read.h"
 
 struct cuda_call { /* a call in progress on one thread */
     __u64 id;      /* pid_tgid */
@@ -132,7 +133,7 @@ static __always_inline int leave_timed(struct pt_regs *ctx, __u16 fn)
     }
     if (rc == 0 && fn == CUDA_MALLOC) {
         struct cuda_alloc a = {.tgid = tgid};
-        if (bpf_probe_read_user(&a.ptr, sizeof(a.ptr), (void *)e->arg) == 0 && a.ptr) {
+        if (read_user(&a.ptr, sizeof(a.ptr), (void *)e->arg) == 0 && a.ptr) {
             __u64 size = e->size;
             if (cuda_allocs.update(&a, &size))
                 lost(CUDA_C_ALLOCS_FULL);

@@ -8,6 +8,7 @@
  */
 #include <uapi/linux/ptrace.h>
 #include "sitsprobe.h"
+#include "user_read.h"
 
 BPF_RINGBUF_OUTPUT(marker_events, MARKER_RING_PAGES);
 BPF_PERCPU_ARRAY(marker_counters, u64, MC_COUNTERS);
@@ -61,7 +62,7 @@ static __always_inline u32 bounded(u32 k, u32 cap)
 
 static __always_inline void copy_name(struct marker_event *e, const void *s)
 {
-    if (!s || bpf_probe_read_user_str(e->name, sizeof(e->name), s) < 0)
+    if (!s || read_user_str(e->name, sizeof(e->name), s) < 0)
         e->name[0] = 0;
 }
 
@@ -111,7 +112,7 @@ static __always_inline void range_key(struct pt_regs *ctx, struct range_key *k)
     k->request_id = PT_REGS_PARM1(ctx);
     k->batch_id = PT_REGS_PARM2(ctx);
     const void *name = (void *)PT_REGS_PARM3(ctx);
-    if (!name || bpf_probe_read_user_str(k->name, sizeof(k->name), name) < 0)
+    if (!name || read_user_str(k->name, sizeof(k->name), name) < 0)
         k->name[0] = 0;
 }
 
@@ -170,7 +171,7 @@ int on_batch(struct pt_regs *ctx)
         e->n_total = n;
         e->first = first;
         e->n_ids = k;
-        if (k && bpf_probe_read_user(e->ids, bounded(k, MARKER_IDS) * sizeof(u64),
+        if (k && read_user(e->ids, bounded(k, MARKER_IDS) * sizeof(u64),
                                      (void *)(ids + first * sizeof(u64))))
             e->n_ids = 0;
         submit(e);
@@ -193,7 +194,7 @@ int on_cache_get(struct pt_regs *ctx)
         count(MC_KEYS_CUT, 1);
     }
     e->key_len = k;
-    if (k && bpf_probe_read_user(e->key, bounded(k, MARKER_KEY), (void *)PT_REGS_PARM3(ctx)))
+    if (k && read_user(e->key, bounded(k, MARKER_KEY), (void *)PT_REGS_PARM3(ctx)))
         e->key_len = 0;
     e->hit = (s32)PT_REGS_PARM5(ctx) != 0;
     submit(e);

@@ -14,11 +14,8 @@
  */
 #include <uapi/linux/ptrace.h>
 #include <asm/unistd.h>
-#include <linux/sched.h>
-#include <linux/socket.h>
-#include <linux/in.h>
-#include <linux/in6.h>
 #include "sitsprobe.h"
+#include "user_read.h"
 
 #define AF_UNIX_ 1
 #define AF_INET_ 2
@@ -26,6 +23,9 @@
 #define SOCK_STREAM_ 1
 #define EINPROGRESS_ 115
 #define MSG_PEEK_ 2
+#define IPPROTO_TCP_ 6
+
+struct sock;
 
 /* ::ffff:a.b.c.d */
 static __always_inline int is_v4_mapped(const __u8 *a)
@@ -197,10 +197,10 @@ static __always_inline __u64 first_buffer(struct args *a, __u64 *len)
         return a->ptr;
     }
     if (kind == K_MSG) /* struct user_msghdr: msg_iov at offset 16 */
-        bpf_probe_read_user(&iovp, sizeof(iovp), (void *)(a->ptr + 16));
+        read_user(&iovp, sizeof(iovp), (void *)(a->ptr + 16));
     if (kind != K_IOV && kind != K_MSG)
         return 0;
-    bpf_probe_read_user(&iov, sizeof(iov), (void *)iovp);
+    read_user(&iov, sizeof(iov), (void *)iovp);
     *len = iov.len;
     return iov.base;
 }
@@ -439,12 +439,12 @@ static __always_inline void tail_append(__u8 *ring, __u32 *pos, __u64 buf, __u64
         first = n;
     if (first > TAIL_CAP) /* it is not: but the verifier needs to see it */
         first = TAIL_CAP;
-    if (first && bpf_probe_read_user(ring + off, first, (void *)(buf + skip)))
+    if (first && read_user(ring + off, first, (void *)(buf + skip)))
         return;
     __u64 rest = n - first;
     if (rest > TAIL_CAP)
         rest = TAIL_CAP;
-    if (rest && bpf_probe_read_user(ring, rest, (void *)(buf + skip + first)))
+    if (rest && read_user(ring, rest, (void *)(buf + skip + first)))
         return;
     *pos += n;
 }
@@ -454,7 +454,7 @@ static __always_inline void body_copy(struct body *b, __u64 buf, __u64 n)
 {
     if (n > BODY_CAP)
         n = BODY_CAP;
-    if (n && bpf_probe_read_user(b->body, n, (void *)buf) == 0)
+    if (n && read_user(b->body, n, (void *)buf) == 0)
         b->body_len = n;
 }
 
@@ -532,7 +532,7 @@ static __always_inline int count_chunk(struct beat_state *st)
     __u64 want = st->n - off;
     if (want > SCAN_CHUNK)
         want = SCAN_CHUNK;
-    if (bpf_probe_read_user(s->b, want, (void *)(st->buf + off)))
+    if (read_user(s->b, want, (void *)(st->buf + off)))
         return 0;
     __u64 w = st->window;
     __u32 data = 0, json = 0;
@@ -574,7 +574,7 @@ static __always_inline int send_beat_(void *ctx, int user)
     bpf_probe_read_kernel(e, sizeof(struct beat), &st->b);
     __u64 peek = n > PEEK_CAP ? PEEK_CAP : n;
     e->peek_len = 0;
-    if (buf && peek && bpf_probe_read_user(e->peek, peek, (void *)buf) == 0)
+    if (buf && peek && read_user(e->peek, peek, (void *)buf) == 0)
         e->peek_len = peek;
     exchanges.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
     return 0;
@@ -617,7 +617,7 @@ static __always_inline __u16 status_sent(struct args *a, long ret)
     __u64 len = 0, buf = first_buffer(a, &len);
     if (!buf || len < sizeof(head) || ret < (long)sizeof(head))
         return 0;
-    bpf_probe_read_user(head, sizeof(head), (void *)buf);
+    read_user(head, sizeof(head), (void *)buf);
     return status_of(head);
 }
 
@@ -667,7 +667,7 @@ static __always_inline int scan_chunk(struct conn *c, struct scan_buf *s, struct
     __u64 off = st->off, n = st->n, want = n - off;
     if (want > sizeof(s->b))
         want = sizeof(s->b);
-    if (bpf_probe_read_user(s->b, want, (void *)(st->buf + off)))
+    if (read_user(s->b, want, (void *)(st->buf + off)))
         return 1;
     for (int i = 0; i < SCAN_CHUNK; i++) {
         if (off + i + 1 >= n)
@@ -688,10 +688,10 @@ static __always_inline int scan_chunk(struct conn *c, struct scan_buf *s, struct
             continue;
         __u64 value = st->buf + off + i + 1;
         if (!c->tp_len && is_header(l, "traceparent:", 12)) {
-            if (bpf_probe_read_user(c->tp, TP_CAP, (void *)(value + 12)) == 0)
+            if (read_user(c->tp, TP_CAP, (void *)(value + 12)) == 0)
                 c->tp_len = TP_CAP;
         } else if (!c->ts_len && is_header(l, "tracestate:", 11)) {
-            if (bpf_probe_read_user(c->ts, TS_CAP, (void *)(value + 11)) == 0)
+            if (read_user(c->ts, TS_CAP, (void *)(value + 11)) == 0)
                 c->ts_len = TS_CAP;
         }
         if (c->tp_len && c->ts_len && !(c->flags & CF_BODY))
@@ -940,8 +940,8 @@ static __always_inline int send_chunk_(void *ctx, int user)
         st->iovp = a->ptr;
         st->iovlen = CHUNK_IOVS * 33; /* readv/writev: the bytes moved end the walk first */
         if (kind == K_MSG) { /* struct user_msghdr: msg_iov at 16, msg_iovlen at 24 */
-            bpf_probe_read_user(&st->iovp, sizeof(st->iovp), (void *)(a->ptr + 16));
-            bpf_probe_read_user(&st->iovlen, sizeof(st->iovlen), (void *)(a->ptr + 24));
+            read_user(&st->iovp, sizeof(st->iovp), (void *)(a->ptr + 16));
+            read_user(&st->iovlen, sizeof(st->iovlen), (void *)(a->ptr + 24));
         }
         st->pending = 2;
     }
@@ -949,7 +949,7 @@ static __always_inline int send_chunk_(void *ctx, int user)
     if (kind == K_FLAT) {
         __u64 n = st->left < CHUNK_CAP ? st->left : CHUNK_CAP;
         BOUND(n, CHUNK_CAP);
-        if (n && bpf_probe_read_user(ch->data, n, (void *)a->ptr) == 0)
+        if (n && read_user(ch->data, n, (void *)a->ptr) == 0)
             off = ch->h.len = n;
     } else if (kind == K_IOV || kind == K_MSG) {
         __u32 first = st->next;
@@ -959,7 +959,7 @@ static __always_inline int send_chunk_(void *ctx, int user)
             __u64 left = st->left;
             if (first + i >= st->iovlen || !left || off >= CHUNK_CAP)
                 break;
-            if (bpf_probe_read_user(&iov, sizeof(iov), (void *)(st->iovp + (first + i) * sizeof(iov))))
+            if (read_user(&iov, sizeof(iov), (void *)(st->iovp + (first + i) * sizeof(iov))))
                 break;
             __u64 n = iov.len < left ? iov.len : left;
             if (n > CHUNK_CAP - off)
@@ -967,7 +967,7 @@ static __always_inline int send_chunk_(void *ctx, int user)
             BOUND(n, CHUNK_CAP);
             /* reloaded, so the compiler keeps the mask the verifier needs to see */
             __u32 at = *(volatile __u16 *)&ch->h.len & (CHUNK_CAP - 1);
-            if (n && bpf_probe_read_user(ch->data + at, n, (void *)iov.base))
+            if (n && read_user(ch->data + at, n, (void *)iov.base))
                 break;
             off += n;
             st->left = left - n;
@@ -1037,7 +1037,7 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         c->flags &= ~(CF_CHUNK_END | CF_SEEDED | CF_MISSED | CF_INTERIM | CF_BODY | CF_BODY_NEXT |
                       CF_BINNED);
         c->req_len = 0;
-        if (buf && n > 0 && bpf_probe_read_user(c->req, n, (void *)buf) == 0)
+        if (buf && n > 0 && read_user(c->req, n, (void *)buf) == 0)
             c->req_len = n;
         if (is_tls_hello(c, tgid)) { /* no exchanges from ciphertext: the library's calls make them */
             c->flags |= CF_TLS;
@@ -1107,7 +1107,7 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
         if (n > RESP_CAP)
             n = RESP_CAP;
         c->resp_len = 0;
-        if (buf && n > 0 && bpf_probe_read_user(c->resp, n, (void *)buf) == 0)
+        if (buf && n > 0 && read_user(c->resp, n, (void *)buf) == 0)
             c->resp_len = n;
         if (c->state == ST_IDLE && !client && !c->bytes_in && is_h2_settings(c)) {
             c->flags |= CF_STREAM; /* an HTTP/2 server that speaks first (gRPC's SETTINGS) */
@@ -1135,7 +1135,7 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
     /* chunked terminator "0\r\n\r\n" at the end of a flat write */
     __u8 tail[5] = {};
     if ((a->kind & 0xff) == K_FLAT && ret >= 5 &&
-        bpf_probe_read_user(tail, sizeof(tail), (void *)(buf + ret - 5)) == 0 &&
+        read_user(tail, sizeof(tail), (void *)(buf + ret - 5)) == 0 &&
         tail[0] == '0' && tail[1] == '\r' && tail[2] == '\n' && tail[3] == '\r' && tail[4] == '\n')
         c->flags |= CF_CHUNK_END;
     else
@@ -1183,14 +1183,14 @@ static __always_inline void new_conn(struct args *a, __u32 tgid, long fd, __u16 
     if (!a->ptr)
         return;
     __u16 family = 0;
-    bpf_probe_read_user(&family, sizeof(family), (void *)a->ptr);
+    read_user(&family, sizeof(family), (void *)a->ptr);
     c->t.family = family;
     if (family == AF_INET_) {
-        bpf_probe_read_user(&c->t.rport, 2, (void *)(a->ptr + 2));
-        bpf_probe_read_user(c->t.raddr, 4, (void *)(a->ptr + 4));
+        read_user(&c->t.rport, 2, (void *)(a->ptr + 2));
+        read_user(c->t.raddr, 4, (void *)(a->ptr + 4));
     } else if (family == AF_INET6_) {
-        bpf_probe_read_user(&c->t.rport, 2, (void *)(a->ptr + 2));
-        bpf_probe_read_user(c->t.raddr, 16, (void *)(a->ptr + 8));
+        read_user(&c->t.rport, 2, (void *)(a->ptr + 2));
+        read_user(c->t.raddr, 16, (void *)(a->ptr + 8));
     }
     c->t.rport = ntohs(c->t.rport);
 }
@@ -1208,7 +1208,7 @@ static __always_inline void time_read(struct args *a, __u64 id, __u64 since)
         *total += took;
     else
         rwaits.update(&tid, &took);
-    if (buf && bpf_probe_read_user(&first, 1, (void *)buf) == 0 && is_resp_reply(first)) {
+    if (buf && read_user(&first, 1, (void *)buf) == 0 && is_resp_reply(first)) {
         total = cwaits.lookup(&tid);
         if (total)
             *total += took;
@@ -1221,7 +1221,7 @@ static __always_inline void time_read(struct args *a, __u64 id, __u64 since)
 static __always_inline void on_connect(struct args *a, __u32 tgid)
 {
     __u16 family = 0;
-    if (!OUTGOING || bpf_probe_read_user(&family, sizeof(family), (void *)a->ptr) ||
+    if (!OUTGOING || read_user(&family, sizeof(family), (void *)a->ptr) ||
         (family != AF_INET_ && family != AF_INET6_))
         return;
     new_conn(a, tgid, a->fd, CF_CLIENT);
@@ -1644,7 +1644,7 @@ static __always_inline void notify(__u32 kind, __u32 tgid);
 TRACEPOINT_PROBE(sock, inet_sock_set_state)
 {
     __u64 sk = (__u64)args->skaddr;
-    if (args->protocol != IPPROTO_TCP)
+    if (args->protocol != IPPROTO_TCP_)
         return 0;
     if (args->newstate == BPF_TCP_LISTEN) { /* listen(): in the listening process */
         __u16 port = args->sport;
@@ -1798,7 +1798,7 @@ int ssl_leave(struct pt_regs *ctx)
     long n = (int)PT_REGS_RC(ctx);
     if (call->flags & SSL_EX) { /* 1 and the count in *done, or 0 */
         __u64 done = 0;
-        if (n != 1 || bpf_probe_read_user(&done, sizeof(done), (void *)call->done))
+        if (n != 1 || read_user(&done, sizeof(done), (void *)call->done))
             done = 0;
         n = done;
     }
