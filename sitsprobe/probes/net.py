@@ -28,6 +28,11 @@ from .tls import TlsHooks
 _HOOK_CODE = {FENTRY: TCP_SENDMSG_FENTRY, KPROBE: TCP_SENDMSG_KPROBE, TRACEPOINT: TCP_SENDMSG_TRACEPOINT}
 _TIER_CODE = {RAW_TRACEPOINT: NET_TIER_SOCK, TRACEPOINT: NET_TIER_SYSCALL}
 TAILS = (b"scan_head", b"send_beat", b"send_chunk")  # bpf/net.c's tail calls, by index
+# bpf/net.c's programs for several syscalls' exits (one format: one program),
+# where its tier has them: the tracepoints syscalls:sys_exit_<call> each goes on
+SHARED_EXITS = {b"sys_exit_io": (b"read", b"recvfrom", b"readv", b"recvmsg", b"write", b"sendto",
+                                 b"writev", b"sendmsg", b"sendfile64"),
+                b"sys_exit_accepted": (b"accept", b"accept4")}
 _KEY = struct.Struct("=Q")  # conns key: tgid << 32 | fd
 _FAMILIES = {socket.AF_INET: (socket.AF_INET, 4), socket.AF_INET6: (socket.AF_INET6, 16)}
 
@@ -232,12 +237,17 @@ class NetProbe:
         # tail-called, never attached; each of the type of the programs that call it
         caller = BPF.RAW_TRACEPOINT if self.socket_tier else BPF.TRACEPOINT
         tails = (*TAILS, b"find_shape") if "-DBINS=1" in flags else TAILS
-        loaded = side_by_side.load(self._bpf, (*tails, b"sock_io") if self.socket_tier else tails, caller)
+        exits = [fn for fn in SHARED_EXITS if lib.bpf_function_start(self._bpf.module, fn)]
+        loaded = side_by_side.load(self._bpf, (*tails, b"sock_io") if self.socket_tier else (*tails, *exits),
+                                   caller)
         for i, fn in enumerate(loaded[:len(tails)]):
             self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(fn.fd)
         if self.socket_tier:
             for tp in (b"sock_send_length", b"sock_recv_length"):  # one program, both ways
                 self._bpf.attach_raw_tracepoint(tp=tp, fn_name=b"sock_io")
+        for fn in exits:
+            for call in SHARED_EXITS[fn]:
+                self._bpf.attach_tracepoint(tp=b"syscalls:sys_exit_" + call, fn_name=fn)
         self._user_tails = False
         self.tls = TlsHooks(self._bpf, prepare=self._load_user_tails)
         self.bins = KernelBins(self._bpf) if "-DBINS=1" in flags else None

@@ -74,6 +74,22 @@ def test_the_socket_tier_puts_no_syscall_tracepoint_on_where_btf_allows():
         p.close()
 
 
+def test_every_syscall_the_syscall_tier_enters_it_also_leaves():
+    """The exits share programs (net.SHARED_EXITS: one format, one program),
+    which userspace attaches to each: none may be left out."""
+    if shutil.which("bpftool") is None:
+        pytest.skip("bpftool is not installed")
+    p = make_probe("syscall", False)
+    try:
+        on = _syscall_tracepoints()
+    finally:
+        p.close()
+    entered = {t.removeprefix("sys_enter_") for t in on if t.startswith("sys_enter_")}
+    left = {t.removeprefix("sys_exit_") for t in on if t.startswith("sys_exit_")}
+    assert {"read", "sendfile64", "accept4", "connect"} <= entered
+    assert left == entered - {"close"}  # a close is done at its entry
+
+
 def _paths(probe: NetProbe) -> list[bytes]:
     probe.poll(0)
     return [ex.req.split(b" ")[1] for ex in probe.seen if ex.req]
