@@ -1,6 +1,6 @@
 """HTTP/2 servers no one here wrote, for the HTTP/2 and gRPC tests.
 
-    python h2_peers.py grpc|hypercorn --tag TAG [--tls CERT KEY]
+    python h2_peers.py grpc|hypercorn|h2 --tag TAG [--tls CERT KEY]
 
 prints its port on stdout's first line, then serves until killed.
 
@@ -12,6 +12,11 @@ grpc (grpcio, generic handlers: raw bytes, no generated code):
 hypercorn (h2c with prior knowledge, plain ASGI):
   GET /status/NNN     status NNN, a short body
   GET /big/N          200, N bytes (DATA frames beyond the captured bytes)
+h2 (the h2 library's server side, h2c with prior knowledge, under a thin
+  socket loop here): the same paths,
+  DATA frames of at most 512 bytes, every write a sendmsg of 9-byte slices:
+  a vectored write of hundreds of entries (grpc-core writes its frames as
+  many small slices too)
 """
 from __future__ import annotations
 
@@ -55,11 +60,15 @@ def serve_grpc() -> None:
     server.wait_for_termination()
 
 
+def _answer(path: str) -> tuple[int, bytes]:
+    kind, _, arg = path.strip("/").partition("/")
+    return (int(arg), b"status %s\n" % arg.encode()) if kind == "status" else (200, b"x" * int(arg))
+
+
 async def asgi(scope, receive, send):
     if scope["type"] != "http":
         return
-    kind, _, arg = scope["path"].strip("/").partition("/")
-    status, body = (int(arg), b"status %s\n" % arg.encode()) if kind == "status" else (200, b"x" * int(arg))
+    status, body = _answer(scope["path"])
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
@@ -83,13 +92,63 @@ def serve_hypercorn(tls: list[str] | None) -> None:
     asyncio.run(serve(asgi, config))
 
 
+SLICE = 9  # a frame header fills the first entry of a write, as writev servers keep it
+FRAME = 512  # DATA frames at most this long: a write of /big/N carries a frame header every 521 bytes
+
+
+def serve_h2() -> None:
+    import threading
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    print(listener.getsockname()[1], flush=True)
+
+    def send(sock: socket.socket, data: bytes) -> None:
+        while data:  # at most IOV_MAX (1024) entries a call
+            data = data[sock.sendmsg([data[i:i + SLICE] for i in range(0, min(len(data), 1024 * SLICE), SLICE)]):]
+
+    def serve(sock: socket.socket) -> None:
+        c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        c.initiate_connection()
+        unsent: dict[int, bytes] = {}  # stream -> the body's bytes its window has not let out yet
+        with sock:
+            send(sock, c.data_to_send())
+            while data := sock.recv(65536):
+                for ev in c.receive_data(data):
+                    if isinstance(ev, h2.events.RequestReceived):
+                        status, body = _answer(dict(ev.headers)[b":path"].decode())
+                        c.send_headers(ev.stream_id, [(":status", str(status)), ("content-type", "text/plain"),
+                                                      ("content-length", str(len(body)))])
+                        unsent[ev.stream_id] = body
+                for stream, body in list(unsent.items()):
+                    while body and (n := min(len(body), FRAME, c.local_flow_control_window(stream))):
+                        c.send_data(stream, body[:n], end_stream=n == len(body))
+                        body = body[n:]
+                    if body:
+                        unsent[stream] = body
+                    else:
+                        del unsent[stream]
+                send(sock, c.data_to_send())
+
+    while True:
+        threading.Thread(target=serve, args=(listener.accept()[0],), daemon=True).start()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("server", choices=("grpc", "hypercorn"))
+    ap.add_argument("server", choices=("grpc", "hypercorn", "h2"))
     ap.add_argument("--tag", default="sitsprobe-testserver")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="hypercorn: HTTPS (h2 by ALPN)")
     a = ap.parse_args()
-    serve_grpc() if a.server == "grpc" else serve_hypercorn(a.tls)
+    if a.server == "grpc":
+        serve_grpc()
+    elif a.server == "h2":
+        serve_h2()
+    else:
+        serve_hypercorn(a.tls)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ SERVER = 2
 
 class H2Peer(Owned):
     def __init__(self, agent, server: str, tls: tuple[str, str] | None = None):
-        pytest.importorskip({"grpc": "grpc", "hypercorn": "hypercorn"}[server])
+        pytest.importorskip({"grpc": "grpc", "hypercorn": "hypercorn", "h2": "h2"}[server])
         self.proc = subprocess.Popen([sys.executable, str(HERE / "h2_peers.py"), server, "--tag", TAG,
                                       *(("--tls", *tls) if tls else ())], stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
@@ -68,7 +68,7 @@ def test_grpc_calls_are_one_span_each_with_method_and_status(agent):
         seen = +got  # as the spans say it
         if got[("demo.Echo/Slow", "CANCELLED")] == 1:
             got[("demo.Echo/Slow", "DEADLINE_EXCEEDED")] += got.pop(("demo.Echo/Slow", "CANCELLED"))
-        assert got == tally, spans[:3]
+        assert got == tally, (got, tally, [s["attrs"] for s in spans if not s["attrs"].get("http.response.status_code")][:1])
         assert all(s["attrs"].get("rpc.system.name") == "grpc" for s in spans)
         streamed = sorted(s["attrs"].get("sitsprobe.rpc.response_messages") for s in spans
                           if s["attrs"].get("rpc.method") == "demo.Echo/Count")
@@ -81,25 +81,39 @@ def test_grpc_calls_are_one_span_each_with_method_and_status(agent):
         assert counted == seen
 
 
-def test_h2c_requests_are_exact_per_path_and_status(agent):
+# hypercorn writes each frame on its own (a DATA frame past the bytes
+# captured is skipped by its length). The h2 peer writes 9-byte slices, so
+# the kernel copies each write as a chain of tail calls (bpf/net.c
+# send_chunk, CHUNK_IOVS entries a run), and /big/3200 has the last of its
+# seven DATA frames' headers near entry 350: a chain that stops short of it
+# loses the stream's end and the connection's place (later header blocks
+# cannot be trusted: HPACK). It stays under the 4,096 bytes captured of a
+# write, past which the same holds.
+H2C_PATHS = {"hypercorn": ("/status/200", "/status/404", "/status/503", "/big/20000"),
+             "h2": ("/status/200", "/status/404", "/status/503", "/big/1500", "/big/3200")}
+
+
+@pytest.mark.parametrize("peer", list(H2C_PATHS))
+def test_h2c_requests_are_exact_per_path_and_status(agent, peer):
     import httpx
 
-    with H2Peer(agent, "hypercorn") as server:
+    paths = H2C_PATHS[peer]
+    with H2Peer(agent, peer) as server:
         tally: collections.Counter = collections.Counter()
         with httpx.Client(http1=False, http2=True, base_url=f"http://127.0.0.1:{server.port}") as client:
             for i in range(30):
-                path = ("/status/200", "/status/404", "/status/503", "/big/20000")[i % 4]
-                r = client.get(path)
+                r = client.get(paths[i % len(paths)])
                 assert r.http_version == "HTTP/2"
-                tally[path, r.status_code] += 1
+                tally[paths[i % len(paths)], r.status_code] += 1
         spans = wait_until(lambda: (s := agent.traces.for_port(server.port)) and len(s) >= 30 and s,
                            20, "30 HTTP/2 spans")
         got = collections.Counter((s["attrs"].get("url.path"), s["attrs"].get("http.response.status_code"))
                                   for s in spans)
         assert got == tally, spans[:3]
         assert {s["attrs"].get("network.protocol.version") for s in spans} == {"2"}
-        big = [s for s in spans if s["attrs"].get("url.path") == "/big/20000"]
-        assert all(s["attrs"].get("http.response.size") == 20000 for s in big)
+        for path in (p for p in paths if p.startswith("/big/")):
+            big = [s for s in spans if s["attrs"].get("url.path") == path]
+            assert all(s["attrs"].get("http.response.size") == int(path[5:]) for s in big)
 
 
 def test_a_stream_held_on_a_zero_window_says_how_long(agent):
