@@ -171,7 +171,8 @@ enum counter {
     C_NOTICES_LOST = 3,   /* exec/exit/listen notices lost: notice ring full */
     C_INFLIGHT_LOST = 4,  /* syscalls not followed: inflight map full */
     C_UNCOUNTED = 5,      /* connections neither tracked nor counted: overflow map full too */
-    C_BODIES_FULL = 6,    /* POST exchanges whose payload was not kept: bodies map full */
+    C_BODIES_FULL = 6,    /* POST exchanges whose payload was not kept: bodies map full (or, never
+                           * seen, keep_payload not tail-called) */
     C_WRITES_LOST = 7,    /* response write events lost: ring buffer full */
     C_CHUNKS_LOST = 8,    /* HTTP/2 connection bytes lost: streams ring full */
     C_BINNED = 9,         /* exchanges counted into `bins` */
