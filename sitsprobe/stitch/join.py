@@ -97,11 +97,21 @@ def _stream(call: Request) -> int:
     return call.h2.stream_id if call.h2 is not None else 0
 
 
+# On the socket tier a call's start is taken when its send has returned (the
+# hook runs once the bytes moved), and on loopback the server may have read
+# the request before then: microseconds, more where the server's wake-up
+# preempted the caller. A server request that began this much before a call
+# still answers it; the calls of one connection are tried oldest first, so
+# an earlier call's answer goes to that call.
+SEND_LAG_NS = 5_000_000
+
+
 def _answers(served: Request, start_ns: int, end_ns: int, stream: int) -> bool:
     """Whether a server request on a traced caller's connection answers the call
-    made on it from start_ns to end_ns: it began meanwhile, on the same HTTP/2
-    stream where it has one."""
-    return start_ns <= served.start_ns <= end_ns and (not served.link.stream or served.link.stream == stream)
+    made on it from start_ns to end_ns: it began meanwhile (SEND_LAG_NS), on
+    the same HTTP/2 stream where it has one."""
+    return (start_ns - SEND_LAG_NS <= served.start_ns <= end_ns
+            and (not served.link.stream or served.link.stream == stream))
 
 
 class Joiner:

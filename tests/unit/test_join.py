@@ -119,3 +119,26 @@ def test_calls_multiplexed_on_one_connection_are_told_apart_by_stream():
     for s in served:
         parent = got[s][1]
         assert parent.h2.stream_id == s.h2.stream_id and got[s][2] == "connection"
+
+
+def test_an_answer_read_before_its_calls_send_returned_is_that_calls_child():
+    """The socket tier times a call from the end of its send, and on loopback
+    the server reads the request before that: 3 µs here. Two calls in turn on
+    one keep-alive connection each get their own answer, in any order the
+    answers arrive in (the calls come in order, as the kernel reports them)."""
+    us = 1000
+    calls = [Request(GATEWAY, "p", 7, start, start + 5 * MS, start, 10, 10, direction="client",
+                     link=Link(GATEWAY, 5, 0), calls=1) for start in (10 * MS, 16 * MS)]
+    served = [Request(ENGINE, "p", 9, c.start_ns - 3 * us, c.end_ns - us, c.start_ns, 10, 10,
+                      link=Link(GATEWAY, 7, 0)) for c in calls]
+    for answers in itertools.permutations(served):
+        for cut in range(3):  # where the calls come among the answers
+            j = Joiner(wait_ns=1000 * MS)
+            traces = []
+            for r in (*answers[:cut], *calls, *answers[cut:], S1):
+                for t in j.add(r, 0):
+                    t.exported = True
+                    traces.append(t)
+            got = shape(traces)
+            assert [got[s][1:] for s in served] == [(c, "connection") for c in calls], (answers, cut)
+            assert j.waiting() == 0 and j.timed_out == 0
