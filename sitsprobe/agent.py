@@ -365,10 +365,9 @@ class Agent:
 
     # -- processes ----------------------------------------------------------------
 
-    def _track(self, info: procs.ProcInfo, tls: bool = True) -> None:
+    def _track(self, info: procs.ProcInfo) -> None:
         self.probe.track(info.pid)
-        if tls:
-            self._tls(info.pid, time.monotonic())
+        self._tls(info.pid, time.monotonic())
         self.tracked[info.pid] = self.names[info.pid] = info.comm
         self.containers[info.pid] = container_of(info.pid)
         listening = procs.listening_ports(info.pid)
@@ -472,21 +471,19 @@ class Agent:
         found = procs.select(self.selector, known=self.tracked, memo=self._listen_memo)
         for pid, info in found.items():
             if pid not in self.tracked:
-                self._track(info, tls=False)  # below, after the other probes' compiles
+                self._track(info)
             elif info.comm != self.tracked[pid]:  # it renamed itself (prctl, setproctitle)
                 self.tracked[pid] = self.names[pid] = info.comm
                 self._thread_names = {k: v for k, v in self._thread_names.items() if k[0] != pid}
         for pid in [p for p in self.tracked if p not in found and procs.read_info(p) is None]:
             self._retire(pid)
+        now = time.monotonic()
+        for pid in list(self.tracked):
+            self._tls(pid, now)
         if self.cache is not None:
             self.cache.rescan()
         if self.config.engine.markers:
             self._find_engines()
-        # last: the first libssl found starts the TLS programs' compile, on a
-        # thread, and a compile here after it (the markers') would wait for it
-        now = time.monotonic()
-        for pid in list(self.tracked):
-            self._tls(pid, now)
 
     def _marker_probe(self):
         """The engine-marker probe, compiled when the first traced process
@@ -706,7 +703,6 @@ class Agent:
             if self.cache is not None:
                 self.cache.consume()
             self.probe.poll(50)
-            self.probe.tls.attach_waiting()  # once its programs are loaded (a thread's work)
             now = time.monotonic()
             if now >= next_flush:
                 in_flight = self._flush()

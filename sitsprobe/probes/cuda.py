@@ -14,7 +14,6 @@ from ..abi import CUDA_COUNTERS as COUNTERS
 from ..errors import ProbeAttachError
 from ..gpu.cuda import DIRECTIONS, FUNCTIONS, CudaCount
 from . import side_by_side
-from .compiler import compile_module
 from .libs import MappedLibrary, mapped_libraries
 from .net import bpf_dir
 
@@ -98,7 +97,8 @@ class CudaProbe:
         unknown = (self._functions or frozenset()) - set(FUNCTIONS)
         if unknown:
             raise ValueError(f"unknown CUDA functions {sorted(unknown)}; expected some of {FUNCTIONS}")
-        self._bpf = compile_module(str(bpf_dir() / "cuda.c"), [f"-I{bpf_dir()}", *flags])
+        self._bpf = BPF(src_file=str(bpf_dir() / "cuda.c").encode(),
+                        cflags=[f"-I{bpf_dir()}", *flags])
         self._pids = self._bpf[b"cuda_pids"]
         self._stats = self._bpf[b"cuda_stats"]
         self._waits: dict[int, deque[tuple[int, int]]] = {}  # pid -> (start, end) of device waits
