@@ -1073,7 +1073,8 @@ static __always_inline int chunk_closes(struct conn *c)
 
 /* Request bytes: read by a server, written by a client (from `t`, the
  * read's return or the write's start). */
-static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 t)
+static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 t,
+                                    int client)
 {
     __u64 now = t;
     __u32 ops = 0; /* the payload's work (keep_payload) */
@@ -1115,7 +1116,7 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         }
         __u64 key = conn_key(tgid, c->fd);
         link_exchange(c, key);
-        if (GENAI && c->req_len >= 5 && is_post(c->req) && !(c->flags & CF_CLIENT))
+        if (GENAI && c->req_len >= 5 && is_post(c->req) && !client)
             ops = P_START | (all <= REQ_CAP ? P_WHOLE : 0);
         if (buf && all > REQ_CAP)
             want_scan(key, buf, all);
@@ -1133,9 +1134,8 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
 /* Response bytes: written by a server (`t` is the write's start), read by
  * a client (`t` is the read's return). */
 static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 t,
-                                    __u64 now)
+                                    __u64 now, int client)
 {
-    int client = c->flags & CF_CLIENT;
     __u64 len = 0, buf = first_buffer(a, &len);
     __u16 status = status_sent(a, ret);
     int final = is_final(status);
@@ -1364,41 +1364,42 @@ static __always_inline void tails(void *ctx, int user)
     }
 }
 
+/* dispatch's exchange framing, for a connection that is not a stream (yet). */
+static __always_inline void framed(struct conn *c, struct args *a, long ret, __u64 id, __u64 now)
+{
+    __u32 tgid = id >> 32;
+    /* Userspace reads this entry while we write it (the idle flush): the
+     * count is odd during the update, and moves on every update. */
+    __sync_fetch_and_add(&c->seq, 1);
+    /* a server's read and a client's write are the request's bytes; the
+     * others the response's. One call site each: each inlines once. */
+    int client = c->flags & CF_CLIENT, send = a->kind & SEND;
+    if (client == 0 ? !send : send) {
+        on_recv(c, a, tgid, ret, client ? a->enter_ns : now, client);
+    } else {
+        /* a client waits on a dependency, as reads of other things are: since
+         * the read began, or where the socket tier cannot see that, since the
+         * connection's last write or read (its request, its last reply bytes) */
+        __u64 since = NET_TIER == NET_TIER_SOCK ? (c->last_out_ns > c->last_in_ns ? c->last_out_ns
+                                                                                  : c->last_in_ns)
+                                                : a->enter_ns;
+        on_send(c, a, tgid, ret, client ? now : a->enter_ns, now, client);
+        if (client && READ_WAITS)
+            time_read(a, id, since);
+    }
+    __sync_fetch_and_add(&c->seq, 1);
+}
+
 /* ret bytes moved on a tracked connection, in plaintext: a syscall's, or a
  * TLS library call's (a->kind K_FLAT, a->ptr its buffer), at `now` (the
  * socket tier's a->enter_ns: its program runs when the bytes have moved;
  * a clock read is a tenth of that program's time on a traced request). */
 static __always_inline void dispatch(struct conn *c, struct args *a, long ret, __u64 id, __u64 now)
 {
-    __u32 tgid = id >> 32;
-    /* Userspace reads this entry while we write it (the idle flush): the
-     * count is odd during the update, and moves on every update. */
     __u8 dir = a->kind & SEND ? CH_OUT : CH_IN;
-    if (c->flags & CF_STREAM) {
-        want_chunk(c, a, ret, dir, dir == CH_OUT ? a->enter_ns : now);
-        return;
-    }
-    __sync_fetch_and_add(&c->seq, 1);
-    if (!(c->flags & CF_CLIENT)) {
-        if (a->kind & SEND)
-            on_send(c, a, tgid, ret, a->enter_ns, now);
-        else
-            on_recv(c, a, tgid, ret, now);
-    } else if (a->kind & SEND) {
-        on_recv(c, a, tgid, ret, a->enter_ns);
-    } else {
-        /* waiting on a dependency, as reads of other things are: since the
-         * read began, or where the socket tier cannot see that, since the
-         * connection's last write or read (its request, its last reply bytes) */
-        __u64 since = NET_TIER == NET_TIER_SOCK ? (c->last_out_ns > c->last_in_ns ? c->last_out_ns
-                                                                                  : c->last_in_ns)
-                                                : a->enter_ns;
-        on_send(c, a, tgid, ret, now, now);
-        if (READ_WAITS)
-            time_read(a, id, since);
-    }
-    __sync_fetch_and_add(&c->seq, 1);
-    if (c->flags & CF_STREAM) /* its preface, just seen */
+    if (!(c->flags & CF_STREAM))
+        framed(c, a, ret, id, now);
+    if (c->flags & CF_STREAM) /* a stream's bytes, or its preface just framed */
         want_chunk(c, a, ret, dir, dir == CH_OUT ? a->enter_ns : now);
 }
 
