@@ -29,7 +29,7 @@ from ..errors import ProbeAttachError
 from ..request import Endpoint
 from . import side_by_side
 from .hooks import TRACEPOINT, UPROBE, Hook
-from .net import bpf_dir
+from .net import bpf_dir, source_flags
 from .ring import DrainBudget
 
 log = logging.getLogger("sitsprobe.cache")
@@ -54,7 +54,7 @@ def cflags(*, key_bytes: int = 64, ring_buffer_mib: int = 4, max_peers: int = 65
         raise ValueError("key_bytes must be 16, 32, 64, 128 or 256")
     if not _pow2(ring_buffer_mib) or not _pow2(wake_every):
         raise ValueError("ring_buffer_mib and wake_every must be powers of two")
-    return [f"-I{bpf_dir()}", f"-DCACHE_KEY_CAP={key_bytes}",
+    return [*source_flags(), f"-DCACHE_KEY_CAP={key_bytes}",
             f"-DCACHE_RING_PAGES={ring_buffer_mib * 256}", f"-DCACHE_MAX_PEERS={max_peers}",
             f"-DCACHE_WAKE_EVERY={wake_every}"]
 

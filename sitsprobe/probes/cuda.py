@@ -15,7 +15,7 @@ from ..errors import ProbeAttachError
 from ..gpu.cuda import DIRECTIONS, FUNCTIONS, CudaCount
 from . import side_by_side
 from .libs import MappedLibrary, mapped_libraries
-from .net import bpf_dir
+from .net import bpf_dir, source_flags
 
 log = logging.getLogger("sitsprobe.cuda")
 
@@ -98,7 +98,7 @@ class CudaProbe:
         if unknown:
             raise ValueError(f"unknown CUDA functions {sorted(unknown)}; expected some of {FUNCTIONS}")
         self._bpf = BPF(src_file=str(bpf_dir() / "cuda.c").encode(),
-                        cflags=[f"-I{bpf_dir()}", *flags])
+                        cflags=[*source_flags(), *flags])
         self._pids = self._bpf[b"cuda_pids"]
         self._stats = self._bpf[b"cuda_stats"]
         self._waits: dict[int, deque[tuple[int, int]]] = {}  # pid -> (start, end) of device waits

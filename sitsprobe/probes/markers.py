@@ -20,7 +20,7 @@ from ..errors import ProbeAttachError
 from ..markers._native import FUNCTIONS
 from ..events import MarkerEvent
 from . import side_by_side
-from .net import bpf_dir
+from .net import bpf_dir, source_flags
 from .ring import DrainBudget
 
 # exported function -> BPF function in bpf/markers.c
@@ -131,7 +131,7 @@ def cflags(ring_pages: int, max_batch_ids: int, cpus: int | None = None) -> list
     two, with every CPU one short of its next wakeup (a quarter of it, to spare)."""
     capacity = ring_pages * 4096 // EVENT_BYTES
     wakeup_every = max(1, capacity // (4 * (cpus or os.cpu_count() or 1)))
-    return [f"-I{bpf_dir()}", f"-DMARKER_RING_PAGES={ring_pages}", f"-DMARKER_OPEN_RANGES={OPEN_RANGES}",
+    return [*source_flags(), f"-DMARKER_RING_PAGES={ring_pages}", f"-DMARKER_OPEN_RANGES={OPEN_RANGES}",
             f"-DMARKER_MAX_IDS={max_batch_ids}", f"-DMARKER_WAKEUP_EVERY={wakeup_every}"]
 
 

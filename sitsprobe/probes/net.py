@@ -42,6 +42,15 @@ def bpf_dir() -> Path:
     return Path(str(resources.files("sitsprobe") / "_bpf"))
 
 
+def source_flags() -> list[str]:
+    """What every compile of a bpf/ source takes: the folder of its headers,
+    and no debug information. bcc asks clang for DWARF (-g) to give the
+    programs BTF of their own, which ours do not use (no global functions,
+    spin locks or kernel pointers in maps; the kernel's BTF is another
+    matter): it cost a seventh of net.c's compile, 0.2 s of every start."""
+    return [f"-I{bpf_dir()}", "-g0"]
+
+
 def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
            ring_buffer_mib: int, socket_io: Hook, tcp_sendmsg: Hook | None = None,
            run_queue: bool = True, task_pid_offset: int | None = None, read_waits: bool = True,
@@ -64,7 +73,7 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
     if tier == NET_TIER_SYSCALL and tcp_sendmsg is None:
         raise ValueError("the syscall tier needs a tcp_sendmsg hook")
     return [
-        f"-I{bpf_dir()}",
+        *source_flags(),
         f"-DREQ_CAP={request_bytes}",
         f"-DRESP_CAP={response_bytes}",
         f"-DMAX_CONNS={max_connections}",
