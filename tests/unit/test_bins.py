@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from sitsprobe.export.prom import DURATION_BUCKETS, SEGMENT_BUCKETS
+from sitsprobe.export.buckets import DURATION_BUCKETS, SEGMENT_BUCKETS
 from sitsprobe.probes.bins import bin_flags
 
 GCC = shutil.which("gcc")
