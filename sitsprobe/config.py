@@ -484,9 +484,14 @@ def _apply(layer: Mapping, source: str, out: dict[str, Any], dotted: bool) -> No
             raise ConfigError(source, name + e.suffix, e.expected, _show(e.got)) from None
 
 
+# libyaml's parser where PyYAML was built with it (its wheels are): the
+# defaults alone take 9 ms to parse in Python, 0.7 ms through it, every start
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _parse(text: str, source: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506 (a safe loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
