@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 
-from . import kheaders, procs, tracefs
+from . import procs, tracefs
 from .clock import WallClock
 from .config import Config
 from .containers import Container, container_of
@@ -76,11 +76,14 @@ def selector_of(config: Config) -> procs.Selector:
 
 
 class Agent:
-    def __init__(self, config: Config, gpu_backend=None):
+    def __init__(self, config: Config, gpu_backend=None, net_ahead=None):
         """gpu_backend: the NVML boundary (None: the real libnvidia-ml); tests
-        and replays pass a sitsprobe.gpu.recorded.RecordedBackend."""
+        and replays pass a sitsprobe.gpu.recorded.RecordedBackend. net_ahead:
+        net.c's compile, begun already (probes.ahead.NetAhead); else start()
+        begins it."""
         self.config = config
         self._gpu_backend = gpu_backend
+        self._net_ahead = net_ahead
         self.selector = selector_of(config)
         self._listen_memo = procs.ListenMemo()
         if self.selector.empty():
@@ -147,6 +150,7 @@ class Agent:
         return otlp_settings.settings(signal, endpoint=t.otlp_endpoint, protocol=t.otlp_protocol)
 
     def start(self) -> None:
+        from .probes.ahead import NetAhead
         from .probes.memory import release_compiler
         from .probes.net import NetProbe
         from .probes.net_plan import load_net
@@ -154,16 +158,13 @@ class Agent:
         mounted = tracefs.ensure_mounted()
         if mounted:
             log.info("mounted %s", ", ".join(mounted))
-        choice = kheaders.resolve(configured=self.config.kernel_headers)
-        note = kheaders.install(choice)
-        log.log(logging.WARNING if choice.mismatch else logging.INFO,
-                "kernel headers: %s (%s)%s", choice.build, choice.kind,
-                f"; {choice.note}" if choice.note else "")
-        if note:
-            log.info("%s", note)
-        net, self.probe = load_net(self.config, lambda flags: NetProbe(
-            flags, self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat,
-            self._on_chunk))
+        ahead = self._net_ahead = self._net_ahead or NetAhead(self.config)
+        try:
+            net, self.probe = load_net(self.config, lambda flags: NetProbe(
+                flags, self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat,
+                self._on_chunk, compiled=ahead.take(flags)))
+        finally:
+            ahead.close()  # a compile for a guess the probe belied goes
         self.hooks = {point: str(h) for point, h in net.hooks.items() if h}
         if self.probe.bins is not None:
             self.metrics.bins = self._bin_rows  # read at every scrape
@@ -782,6 +783,8 @@ class Agent:
     def _detach(self, deadline: float) -> None:
         """Every probe off, even if a step before failed. The GPU layer's
         alert exporter is flushed last in its close(), within the deadline."""
+        if self._net_ahead is not None:
+            self._net_ahead.close()  # a start that failed before taking it
         if self.gpu is not None:
             gpu, self.gpu = self.gpu, None
             within(deadline, [gpu.close])

@@ -165,12 +165,19 @@ def _run(a: argparse.Namespace) -> int:
     if a.ebpf:
         print(_ebpf(conf), end="")
         return 0
-    from .agent import Agent
+    from .probes.ahead import NetAhead
 
+    ahead = NetAhead(conf)  # compiles on a thread while the rest of the agent imports
+    try:
+        from .agent import Agent
+
+        agent = Agent(conf, net_ahead=ahead)
+    except BaseException:
+        ahead.close()
+        raise
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    agent = Agent(conf)
     try:
         agent.start()
         agent.run(stop, conf.duration_s)

@@ -51,6 +51,13 @@ def source_flags() -> list[str]:
     return [f"-I{bpf_dir()}", "-g0"]
 
 
+def compile_net(flags: list[str]):
+    """bpf/net.c compiled with ``flags``: bcc's module, no program loaded yet."""
+    from bcc import BPF  # the probes layer is the only one that imports bcc
+
+    return BPF(src_file=str(bpf_dir() / "net.c").encode(), cflags=flags)
+
+
 def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
            ring_buffer_mib: int, socket_io: Hook, tcp_sendmsg: Hook | None = None,
            run_queue: bool = True, task_pid_offset: int | None = None, read_waits: bool = True,
@@ -236,12 +243,13 @@ class NetProbe:
                  on_notice: Callable[[ProcessNotice], None],
                  name_of: Callable[[int, str], str] | None = None,
                  on_beat: Callable[[Beat], None] = lambda _beat: None,
-                 on_chunk: Callable[[Chunk], None] = lambda _chunk: None):
+                 on_chunk: Callable[[Chunk], None] = lambda _chunk: None, compiled=None):
+        """compiled: compile_net(flags), already made (probes.ahead)."""
         from bcc import BPF  # the probes layer is the only one that imports bcc
         from bcc.libbcc import lib
 
         self._lib = lib
-        self._bpf = BPF(src_file=str(bpf_dir() / "net.c").encode(), cflags=flags)
+        self._bpf = compiled if compiled is not None else compile_net(flags)
         self.socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
         # tail-called, never attached; each of the type of the programs that call it
         caller = BPF.RAW_TRACEPOINT if self.socket_tier else BPF.TRACEPOINT

@@ -8,7 +8,7 @@ from typing import NamedTuple, TypeVar
 
 from ..config import Config
 from ..errors import SitsprobeError
-from ..export.prom import DURATION_BUCKETS, SEGMENT_BUCKETS
+from ..export.buckets import DURATION_BUCKETS, SEGMENT_BUCKETS
 from . import btf, capability, hooks, probe_aside
 from .bins import bin_flags
 from .net import cflags
@@ -41,7 +41,7 @@ def load_net(config: Config, load: Callable[[list[str]], T]) -> tuple[NetPlan, T
     closed and ``load`` runs again on the plan's: a second compile."""
     groups = _groups(config)
     aside = probe_aside.ProbeAside(groups)
-    guess = _plan(config, probe_aside.guess(groups), say=False)
+    guess = guessed(config)
     try:
         made = load(guess.flags)
     except Exception as e:  # the plan says, or the second try raises, what is wrong
@@ -59,6 +59,12 @@ def load_net(config: Config, load: Callable[[list[str]], T]) -> tuple[NetPlan, T
         log.info("the kernel's hooks are not those guessed: net.c compiled again for the plan")
         made.close()
     return net, load(net.flags)
+
+
+def guessed(config: Config) -> NetPlan:
+    """The plan on what this boot's last probe of the kernel said (else on
+    every hook working): what net.c is compiled for before the probe answers."""
+    return _plan(config, probe_aside.guess(_groups(config)), say=False)
 
 
 def _groups(config: Config) -> tuple[str, ...]:

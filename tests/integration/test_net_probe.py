@@ -223,3 +223,44 @@ def test_a_kernel_with_no_hook_for_the_plan_leaves_nothing_of_the_guess_attached
     with pytest.raises(SitsprobeError, match="no hook for the bytes of socket calls"):
         load_net(config.load(overrides={"select.ports": [8080]}), loads)
     assert len(loads.made) == 1 and loads.made[0]._bpf.module is None
+
+
+def test_a_compile_begun_ahead_is_loaded_for_the_guess_and_taken_once(kept):
+    """`sitsprobe run` begins net.c's compile before the agent imports
+    (probes.ahead): load_net's first load takes that module, and it is
+    given once, and only for the flags it was compiled with."""
+    from sitsprobe import config
+    from sitsprobe.probes.ahead import NetAhead
+    from sitsprobe.probes.net_plan import load_net
+
+    probe_aside.ProbeAside(("main",)).result()  # this boot's answer kept: the guess is the plan
+    conf = config.load(overrides={"select.ports": [8080]})
+    ahead, given = NetAhead(conf), []
+    try:
+        assert ahead.take([*ahead.flags, "-DSOMETHING_ELSE=1"]) is None
+
+        def load(flags):
+            given.append(ahead.take(flags))
+            return NetProbe(flags, lambda _ex: None, lambda _notice: None, compiled=given[-1])
+        net, probe = load_net(conf, load)
+        try:
+            assert net.flags == ahead.flags and len(given) == 1 and probe._bpf is given[0] is not None
+            assert ahead.take(ahead.flags) is None  # given once
+        finally:
+            probe.close()
+    finally:
+        ahead.close()
+
+
+def test_a_compile_begun_ahead_that_failed_says_why_when_taken(kept, monkeypatch):
+    from sitsprobe import config
+    from sitsprobe.probes import ahead
+
+    def fails(flags):
+        raise Exception("net.c: 1 error generated")  # what bcc raises
+    monkeypatch.setattr(ahead, "compile_net", fails)
+    early = ahead.NetAhead(config.load(overrides={"select.ports": [8080]}))
+    assert early.take([*early.flags, "-DSOMETHING_ELSE=1"]) is None
+    with pytest.raises(Exception, match="1 error generated"):
+        early.take(early.flags)
+    early.close()
