@@ -65,7 +65,9 @@ BPF_HASH(inflight, __u64, struct args, 16384);
 BPF_TABLE("lru_hash", __u64, struct tuple, socks, 65536);
 #if CONN_BY_STATE
 BPF_TABLE("lru_hash", __u64, __u8, dialed, 65536);    /* sk -> it connected (a client's) */
-BPF_TABLE("lru_hash", __u64, __u64, sk_conns, MAX_CONNS); /* sk -> its conn's key */
+/* sk -> its conn's key: one entry per conn with a socket (learn_sock), so never full, and no
+ * LRU: one that small evicts live entries early (its free lists are per CPU), losing closes */
+BPF_HASH(sk_conns, __u64, __u64, MAX_CONNS);
 #endif
 BPF_PERCPU_ARRAY(counters, __u64, C_COUNTERS);
 BPF_PERCPU_HASH(http_status, struct status_key, __u64, 65536);

@@ -25,7 +25,7 @@ from .test_net import Client
 TIERS = {"socket": ("socket", True), "socket-syscall-conns": ("socket", False), "syscall": ("syscall", False)}
 
 
-def make_probe(tier: str, by_state: bool) -> NetProbe:
+def make_probe(tier: str, by_state: bool, max_connections: int = 1024) -> NetProbe:
     require_root()
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) is not importable")
     plan = capability.plan(capability.probe_all(), socket_hooks=tier)["net"]
@@ -35,7 +35,7 @@ def make_probe(tier: str, by_state: bool) -> NetProbe:
     if by_state and offsets is None:
         pytest.skip("the kernel's BTF has no struct sock family/type or unix_sock addr")
     seen = []
-    p = NetProbe(cflags(request_bytes=256, response_bytes=64, max_connections=1024,
+    p = NetProbe(cflags(request_bytes=256, response_bytes=64, max_connections=max_connections,
                         ring_buffer_mib=1, socket_io=plan["socket_io"], tcp_sendmsg=plan.get("tcp_sendmsg"),
                         sock_offsets=offsets),
                  seen.append, lambda _notice: None)
@@ -144,6 +144,33 @@ def test_an_open_exchange_is_given_as_responding_only_when_settled(probe):
         c.close()
     finally:
         server.stop()
+
+
+def test_a_full_table_lets_go_of_every_connection_that_closes():
+    """The socket tier ends a connection when TCP says it closed, found by its
+    socket (`sk_conns`). With the table full that index holds as many entries
+    as it has room for: were it an LRU map, the kernel would evict some early
+    (its free lists are per CPU), their closes would go unseen, and an
+    exchange still open on one would never be reported nor its slot freed."""
+    room = 64
+    p = make_probe("socket", True, max_connections=room)
+    server = Server(None)
+    try:
+        p.track(server.pid)
+        for round_ in range(3):  # each round: the table filled, then emptied
+            clients = [Client(server.port) for _ in range(room + 8)]  # the last few are refused
+            for i, c in enumerate(clients):
+                c.request("GET", f"/{round_}/{i}")
+            wait_until(lambda: len(p._conns) == room, 10, "the table to fill")
+            for c in clients:
+                c.close()
+            wait_until(lambda: len(p._conns) == 0, 10, f"every closed connection to leave the table ({round_})")
+        p.poll(0)
+        assert sorted(ex.req.split(b" ")[1] for ex in p.seen if ex.req) == sorted(
+            f"/{r}/{i}".encode() for r in range(3) for i in range(room)), "the connections the table took"
+    finally:
+        server.stop()
+        p.close()
 
 
 class _Loads:
