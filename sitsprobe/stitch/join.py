@@ -76,6 +76,7 @@ class _Node:
     req: Request
     since_ns: int
     children: list[tuple[_Node, str]] = field(default_factory=list)
+    after_ns: int = 0  # a call's: the earliest its answer may have begun (Joiner._after)
 
 
 @dataclass(slots=True)
@@ -87,6 +88,7 @@ class _Placed:
     start_ns: int
     end_ns: int
     stream: int = 0  # an HTTP/2 call's stream id
+    after_ns: int = 0  # a call's: the earliest its answer may have begun (Joiner._after)
 
 
 def _via(call: Request) -> str:
@@ -99,18 +101,21 @@ def _stream(call: Request) -> int:
 
 # On the socket tier a call's start is taken when its send has returned (the
 # hook runs once the bytes moved), and on loopback the server may have read
-# the request before then: microseconds, more where the server's wake-up
-# preempted the caller. A server request that began this much before a call
-# still answers it; the calls of one connection are tried oldest first, so
-# an earlier call's answer goes to that call.
+# the request before then: microseconds, or as long as the caller waited
+# for a CPU meanwhile (a woken server's preemption, a stalled vCPU). So a
+# call's answer is the server request that began after the call before it on
+# that connection ended; where that one is not known (the connection's first
+# call, or calls that overlap: HTTP/2 streams, pipelining) SEND_LAG_NS before
+# the call's start at most. The calls of one connection are tried oldest
+# first, so an earlier call's answer goes to that call.
 SEND_LAG_NS = 5_000_000
 
 
-def _answers(served: Request, start_ns: int, end_ns: int, stream: int) -> bool:
+def _answers(served: Request, after_ns: int, end_ns: int, stream: int) -> bool:
     """Whether a server request on a traced caller's connection answers the call
-    made on it from start_ns to end_ns: it began meanwhile (SEND_LAG_NS), on
-    the same HTTP/2 stream where it has one."""
-    return (start_ns - SEND_LAG_NS <= served.start_ns <= end_ns
+    made on it until end_ns: it began meanwhile (from after_ns), on the same
+    HTTP/2 stream where it has one."""
+    return (after_ns <= served.start_ns <= end_ns
             and (not served.link.stream or served.link.stream == stream))
 
 
@@ -124,6 +129,7 @@ class Joiner:
         self._open_calls: dict[tuple[int, int], list[_Node]] = {}
         self._servers: OrderedDict[tuple[int, int, int], _Placed] = OrderedDict()
         self._calls: dict[tuple[int, int], deque[_Placed]] = {}
+        self._ended: dict[tuple[int, int], int] = {}  # a caller's connection: its latest call's end
         self.joined = {"thread": 0, "process": 0, "connection": 0}  # requests given a parent, by how
         self.timed_out = 0  # went out alone: what they belong to never came
 
@@ -132,9 +138,10 @@ class Joiner:
 
     def add(self, req: Request, now_ns: int) -> list[Trace]:
         """``req`` finished: the traces ready to go out because of it."""
+        after = self._after(req) if req.direction == "client" else 0
         if req.link is None and not req.calls:
             return [self._release(_Node(req, now_ns))]
-        node = _Node(req, now_ns)
+        node = _Node(req, now_ns, after_ns=after)
         out = self._adopt(node)
         link = req.link
         if link is None or req.traceparent is not None:
@@ -154,10 +161,10 @@ class Joiner:
                 parent.children.append((node, _via(req)))
         else:
             conn = (link.pid, link.fd)
-            parent = next((n for n in self._open_calls.get(conn, ()) if _answers(req, n.req.start_ns,
+            parent = next((n for n in self._open_calls.get(conn, ()) if _answers(req, n.after_ns,
                            n.req.end_ns, _stream(n.req))), None)
             placed = None if parent is not None else next(
-                (p for p in self._calls.get(conn, ()) if _answers(req, p.start_ns, p.end_ns, p.stream)), None)
+                (p for p in self._calls.get(conn, ()) if _answers(req, p.after_ns, p.end_ns, p.stream)), None)
             if placed is not None:
                 return out + self._late(node, placed, "connection")
             if parent is None:
@@ -166,6 +173,20 @@ class Joiner:
                 parent.children.append((node, "connection"))
         self._open(node)
         return out
+
+    def _after(self, call: Request) -> int:
+        """The earliest an answer to ``call`` may have begun: where the call
+        before it on its connection ended, if that was before this one began
+        (the calls come in the order they end: the kernel reports a call when
+        its connection's next one begins, or at its close)."""
+        conn = (call.pid, call.fd)
+        before = self._ended.pop(conn, None)  # re-inserted: the dict stays in order of use
+        self._ended[conn] = call.end_ns
+        if len(self._ended) > self._max:
+            del self._ended[next(iter(self._ended))]
+        if before is not None and before <= call.start_ns and _stream(call) == 0:
+            return before
+        return call.start_ns - SEND_LAG_NS
 
     def _open(self, node: _Node) -> None:
         """``node`` waits, and later requests may belong to it: they wait with it."""
@@ -214,7 +235,7 @@ class Joiner:
         else:
             conn = (r.pid, r.fd)
             waiting = self._for_call.get(conn, [])
-            candidates = [n for n in waiting if _answers(n.req, r.start_ns, r.end_ns, _stream(r))]
+            candidates = [n for n in waiting if _answers(n.req, node.after_ns, r.end_ns, _stream(r))]
             if candidates:
                 rest = [n for n in waiting if n not in candidates]
                 if rest:
@@ -252,7 +273,7 @@ class Joiner:
         trace.spans.append(span)
         if r.calls:  # later requests may belong to this one
             self._close(r)
-            self._remember(r, _Placed(trace, span.span_id, r.start_ns, r.end_ns, _stream(r)))
+            self._remember(r, _Placed(trace, span.span_id, r.start_ns, r.end_ns, _stream(r), node.after_ns))
         for child, how in node.children:
             self.joined[how] += 1
             self._place(trace, child, trace_id, span.span_id, how)
@@ -274,4 +295,6 @@ class Joiner:
             del self._servers[key]
         for key in [k for k in self._calls if k[0] == pid]:
             del self._calls[key]
+        for key in [k for k in self._ended if k[0] == pid]:
+            del self._ended[key]
         # what it left waiting (and open) goes out at the next expire, wherever it waits

@@ -142,3 +142,32 @@ def test_an_answer_read_before_its_calls_send_returned_is_that_calls_child():
             got = shape(traces)
             assert [got[s][1:] for s in served] == [(c, "connection") for c in calls], (answers, cut)
             assert j.waiting() == 0 and j.timed_out == 0
+
+
+def test_an_answer_read_long_before_its_calls_send_returned_is_still_that_calls_child():
+    """A caller that waited for a CPU between its bytes moving and its send
+    returning (a stalled vCPU: 30 ms here) is timed from long after the
+    server read the request: the call before it on the connection ended
+    earlier still, and that bounds the answer; not a fixed lag."""
+    first = req(GATEWAY, 7, 10, 15, "client", Link(GATEWAY, 5, 0), calls=1)
+    late = req(GATEWAY, 7, 50, 55, "client", Link(GATEWAY, 5, 0), calls=1)
+    answers = [req(ENGINE, 9, 10, 14, link=Link(GATEWAY, 7, 0)), req(ENGINE, 9, 20, 54, link=Link(GATEWAY, 7, 0))]
+    for order in ((first, *answers, late), (first, late, *answers), (*answers, first, late)):
+        j = Joiner(wait_ns=1000 * MS)
+        traces = []
+        for r in (*order, S1):
+            for t in j.add(r, 0):
+                t.exported = True
+                traces.append(t)
+        got = shape(traces)
+        assert [got[a][1:] for a in answers] == [(first, "connection"), (late, "connection")], order
+        assert j.waiting() == 0 and j.timed_out == 0
+
+
+def test_an_answer_begun_long_before_a_connections_first_call_is_not_its_child():
+    j = Joiner(wait_ns=100 * MS)
+    stale = req(ENGINE, 9, 20, 54, link=Link(GATEWAY, 7, 0))
+    call = req(GATEWAY, 7, 50, 55, "client", Link(GATEWAY, 5, 0), calls=1)
+    assert j.add(stale, 0) == [] and j.add(call, 0) == []
+    [t] = j.add(S1, 0)
+    assert [s.req for s in t.spans] == [S1, call] and j.waiting() == 1
