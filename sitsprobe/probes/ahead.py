@@ -14,6 +14,7 @@ import threading
 
 from .. import kheaders
 from ..config import Config
+from .compiler import free_module
 from .net import compile_net
 from .net_plan import guessed
 
@@ -56,4 +57,4 @@ class NetAhead:
         self._thread.join()
         self._made.pop("error", None)
         if (bpf := self._made.pop("bpf", None)) is not None:
-            bpf.cleanup()
+            free_module(bpf)

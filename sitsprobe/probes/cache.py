@@ -28,6 +28,7 @@ from ..cache.spec import MAX_CACHES, CacheProbeSpec
 from ..errors import ProbeAttachError
 from ..request import Endpoint
 from . import side_by_side
+from .compiler import compile_module
 from .hooks import TRACEPOINT, UPROBE, Hook
 from .net import bpf_dir, source_flags
 from .ring import DrainBudget
@@ -111,13 +112,11 @@ class CacheProbe:
 
     def __init__(self, specs: Iterable[CacheProbeSpec], on_lookup: Callable[[KeyLookup], None],
                  flags: list[str] | None = None, proc: str = "/proc"):
-        from bcc import BPF  # the probes layer is the only one that imports bcc
-
         self.specs = tuple(specs)
         if len(self.specs) > MAX_CACHES:
             raise ValueError(f"at most {MAX_CACHES} cache probes per program")
         self._proc = proc
-        self._bpf = BPF(src_file=str(bpf_dir() / "cache.c").encode(), cflags=flags or cflags())
+        self._bpf = compile_module(str(bpf_dir() / "cache.c"), flags or cflags())
         self._cfgs = self._bpf[b"cache_cfgs"]
         self._peers = self._bpf[b"cache_peers"]
         self._procs = self._bpf[b"cache_procs"]

@@ -14,6 +14,7 @@ from ..abi import CUDA_COUNTERS as COUNTERS
 from ..errors import ProbeAttachError
 from ..gpu.cuda import DIRECTIONS, FUNCTIONS, CudaCount
 from . import side_by_side
+from .compiler import compile_module
 from .libs import MappedLibrary, mapped_libraries
 from .net import bpf_dir, source_flags
 
@@ -97,8 +98,7 @@ class CudaProbe:
         unknown = (self._functions or frozenset()) - set(FUNCTIONS)
         if unknown:
             raise ValueError(f"unknown CUDA functions {sorted(unknown)}; expected some of {FUNCTIONS}")
-        self._bpf = BPF(src_file=str(bpf_dir() / "cuda.c").encode(),
-                        cflags=[*source_flags(), *flags])
+        self._bpf = compile_module(str(bpf_dir() / "cuda.c"), [*source_flags(), *flags])
         self._pids = self._bpf[b"cuda_pids"]
         self._stats = self._bpf[b"cuda_stats"]
         self._waits: dict[int, deque[tuple[int, int]]] = {}  # pid -> (start, end) of device waits

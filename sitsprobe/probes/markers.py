@@ -20,6 +20,7 @@ from ..errors import ProbeAttachError
 from ..markers._native import FUNCTIONS
 from ..events import MarkerEvent
 from . import side_by_side
+from .compiler import compile_module
 from .net import bpf_dir, source_flags
 from .ring import DrainBudget
 
@@ -154,8 +155,7 @@ class MarkerProbe:
         self._budget = DrainBudget()
         self._batches = Batches(max_batch_ids)
         self._attached: dict[tuple[int, int], tuple[str, set]] = {}  # inode -> path, bcc events
-        self._bpf = BPF(src_file=str(bpf_dir() / "markers.c").encode(),
-                        cflags=cflags(ring_pages, max_batch_ids))
+        self._bpf = compile_module(str(bpf_dir() / "markers.c"), cflags(ring_pages, max_batch_ids))
         for fn in HOOKS.values():  # verify every program now, not at the first attach
             self._bpf.load_func(fn.encode(), BPF.KPROBE)
         self._ring = self._bpf[b"marker_events"]

@@ -14,6 +14,8 @@ import logging
 import os
 import re
 
+from .compiler import LOCK
+
 log = logging.getLogger(__name__)
 
 MADV_DONTNEED = 4
@@ -44,7 +46,17 @@ def compiler_ranges(smaps: str) -> list[tuple[int, int]]:
 
 def release_compiler(proc: str = "/proc") -> int:
     """Drop the compiler's read-only pages and trim the heap; the bytes of
-    mappings released (0 where this is not Linux with glibc)."""
+    mappings released (0 where this is not Linux with glibc, or while a
+    compile is under way: that one needs them, and releases them after)."""
+    if not LOCK.acquire(blocking=False):
+        return 0
+    try:
+        return _release(proc)
+    finally:
+        LOCK.release()
+
+
+def _release(proc: str) -> int:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         with open(os.path.join(proc, "self/smaps")) as f:

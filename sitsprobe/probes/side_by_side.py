@@ -7,6 +7,8 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+from .compiler import free_module
+
 
 def _each(steps: list[Callable[[], object]], name: str, workers: int | None = None) -> list:
     """Each step's result, in order; the steps begin in that order, on
@@ -51,4 +53,4 @@ def close(bpf) -> None:
            *(lambda k=k: bpf.detach_raw_tracepoint(k) for k in list(bpf.raw_tracepoint_fds)),
            *(lambda k=k: bpf.detach_uprobe_event(k) for k in list(bpf.uprobe_fds)),
            *(lambda k=k: bpf.detach_kprobe_event(k) for k in list(bpf.kprobe_fds))], "bpf-detach")
-    bpf.cleanup()
+    free_module(bpf)
