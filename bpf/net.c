@@ -54,49 +54,77 @@ struct uiovec {
 #define CONN_BY_STATE 0
 #endif
 
-BPF_HASH(tracked, __u32, __u8, 4096);
-BPF_HASH(ports, __u16, __u8, 1024); /* select.ports: a process listening on one is tracked */
-BPF_HASH(conns, __u64, struct conn, MAX_CONNS);
+/* Two programs' worth of maps: this file is compiled once for the kernel's
+ * hooks and, once a traced process maps a libssl, again with -DTLS_MODULE
+ * for the library's (its calls' returns go through the same dispatch, on
+ * the same maps): a start where no TLS is traced compiles none of the
+ * library's, a third of the code (ssl_leave and the uprobe tail calls each
+ * inline dispatch again). For the second compile userspace pins each of
+ * the first one's maps under TLS_PINS (a fresh directory in the BPF file
+ * system) and unpins them after: there each map is opened from its pin. */
+#ifdef TLS_MODULE
+#define NET_MAP(type, key, leaf, name, size) BPF_TABLE_PINNED(type, key, leaf, name, size, TLS_PINS "/" #name)
+/* BPF_RINGBUF_OUTPUT's table, opened from its pin (bcc has no macro for one) */
+#define NET_RINGBUF(name, pages)                                                                  \
+    struct name##_table_t {                                                                       \
+        int key;                                                                                  \
+        u32 leaf;                                                                                 \
+        int (*ringbuf_output)(void *, u64, u64);                                                  \
+        void *(*ringbuf_reserve)(u64);                                                            \
+        void (*ringbuf_discard)(void *, u64);                                                     \
+        void (*ringbuf_submit)(void *, u64);                                                      \
+        u32 max_entries;                                                                          \
+    };                                                                                            \
+    __attribute__((section("maps/ringbuf:" TLS_PINS "/" #name))) struct name##_table_t name = {   \
+        .max_entries = (pages) * PAGE_SIZE}
+#else
+#define NET_MAP(type, key, leaf, name, size) BPF_TABLE(type, key, leaf, name, size)
+#define NET_RINGBUF(name, pages) BPF_RINGBUF_OUTPUT(name, pages)
+#endif
+
+NET_MAP("hash", __u32, __u8, tracked, 4096);
+NET_MAP("hash", __u16, __u8, ports, 1024); /* select.ports: a process listening on one is tracked */
+NET_MAP("hash", __u64, struct conn, conns, MAX_CONNS);
 /* accepted while conns was full -> its socket (CONN_BY_STATE; else 1). LRU: CONN_BY_STATE sees no
  * close of those, and tells a later socket on the fd by the socket */
-BPF_TABLE("lru_hash", __u64, __u64, overflow, MAX_OVERFLOW);
-BPF_PERCPU_HASH(untracked, __u32, __u64, 4096); /* tgid -> responses sent on them */
-BPF_HASH(inflight, __u64, struct args, 16384);
-BPF_TABLE("lru_hash", __u64, struct tuple, socks, 65536);
+NET_MAP("lru_hash", __u64, __u64, overflow, MAX_OVERFLOW);
+NET_MAP("percpu_hash", __u32, __u64, untracked, 4096); /* tgid -> responses sent on them */
+NET_MAP("hash", __u64, struct args, inflight, 16384);
+NET_MAP("lru_hash", __u64, struct tuple, socks, 65536);
 #if CONN_BY_STATE
-BPF_TABLE("lru_hash", __u64, __u8, dialed, 65536);    /* sk -> it connected (a client's) */
+NET_MAP("lru_hash", __u64, __u8, dialed, 65536);    /* sk -> it connected (a client's) */
 /* sk -> its conn's key: one entry per conn with a socket (learn_sock), so never full, and no
  * LRU: one that small evicts live entries early (its free lists are per CPU), losing closes */
-BPF_HASH(sk_conns, __u64, __u64, MAX_CONNS);
+NET_MAP("hash", __u64, __u64, sk_conns, MAX_CONNS);
 #endif
-BPF_PERCPU_ARRAY(counters, __u64, C_COUNTERS);
-BPF_PERCPU_HASH(http_status, struct status_key, __u64, 65536);
-BPF_PERCPU_ARRAY(zero_conn, struct conn, 1);
-BPF_TABLE("lru_hash", __u32, __u64, runq, 65536); /* tid -> ns it waited to run, since tracked */
-BPF_TABLE("lru_hash", __u32, __u64, rwaits, 65536); /* tid -> ns in other reads (OTHER_READ) */
-BPF_TABLE("lru_hash", __u32, __u64, cwaits, 65536); /* ... of those, reads of a Redis reply */
-BPF_HASH(bodies, __u64, struct body, MAX_BODIES); /* keyed like conns, for CF_BODY exchanges */
-BPF_TABLE("lru_hash", __u32, struct serving, serving, 16384); /* tid -> the server exchange it serves */
-BPF_TABLE("lru_hash", __u32, struct serving, serving_proc, 4096); /* tgid -> its latest server exchange */
-BPF_HASH(clients, struct tuple, __u64, MAX_CONNS); /* a tracked TCP client connection's tuple -> its key */
-BPF_PERCPU_ARRAY(zero_body, struct body, 1);
-BPF_HASH(bins, struct bin_key, struct bin, MAX_BINS);
-BPF_PERCPU_ARRAY(zero_bin, struct bin, 1);
-BPF_PERCPU_ARRAY(bin_keys, struct bin_key, 1);
-BPF_HASH(shapes, __u64, __u8, MAX_BINS);                 /* shapes userspace knows the route of */
-BPF_TABLE("lru_hash", __u64, __u64, taken, 16384);      /* conn key -> start_ns of an exchange
+NET_MAP("percpu_array", int, __u64, counters, C_COUNTERS);
+NET_MAP("percpu_hash", struct status_key, __u64, http_status, 65536);
+NET_MAP("percpu_array", int, struct conn, zero_conn, 1);
+NET_MAP("lru_hash", __u32, __u64, runq, 65536); /* tid -> ns it waited to run, since tracked */
+NET_MAP("lru_hash", __u32, __u64, rwaits, 65536); /* tid -> ns in other reads (OTHER_READ) */
+NET_MAP("lru_hash", __u32, __u64, cwaits, 65536); /* ... of those, reads of a Redis reply */
+NET_MAP("hash", __u64, struct body, bodies, MAX_BODIES); /* keyed like conns, for CF_BODY exchanges */
+NET_MAP("lru_hash", __u32, struct serving, serving, 16384); /* tid -> the server exchange it serves */
+NET_MAP("lru_hash", __u32, struct serving, serving_proc, 4096); /* tgid -> its latest server exchange */
+NET_MAP("hash", struct tuple, __u64, clients, MAX_CONNS); /* a tracked TCP client connection's tuple -> its key */
+NET_MAP("percpu_array", int, struct body, zero_body, 1);
+NET_MAP("hash", struct bin_key, struct bin, bins, MAX_BINS);
+NET_MAP("percpu_array", int, struct bin, zero_bin, 1);
+NET_MAP("percpu_array", int, struct bin_key, bin_keys, 1);
+NET_MAP("hash", __u64, __u8, shapes, MAX_BINS);                 /* shapes userspace knows the route of */
+NET_MAP("lru_hash", __u64, __u64, taken, 16384);      /* conn key -> start_ns of an exchange
                                                          * userspace counted itself (an idle flush) */
-BPF_ARRAY(sampling, struct sampling, 1);
-BPF_ARRAY(beat_layout, struct beat, 1);   /* never used: gives userspace struct beat's layout */
+NET_MAP("array", int, struct sampling, sampling, 1);
+NET_MAP("array", int, struct beat, beat_layout, 1);   /* never used: gives userspace struct beat's layout */
 struct scan_buf {
     __u8 b[SCAN_CHUNK + 16];
 };
-BPF_PERCPU_ARRAY(scan_bufs, struct scan_buf, 1);
+NET_MAP("percpu_array", int, struct scan_buf, scan_bufs, 1);
 /* Tail calls: 0 scan_head, 1 send_beat, 2 send_chunk, 3 keep_payload, 4 find_shape; the
  * same programs once as tracepoints (the syscalls' exits), once as uprobes (the TLS
  * library's returns): a program may only tail-call programs of its own type. */
-BPF_PROG_ARRAY(scan_prog, 5); /* 4 find_shape: syscalls and socket tier only (no TLS is binned) */
-BPF_PROG_ARRAY(uscan_prog, 4);
+NET_MAP("prog", u32, u32, scan_prog, 5); /* 4 find_shape: syscalls and socket tier only (no TLS is binned) */
+NET_MAP("prog", u32, u32, uscan_prog, 4);
 static __always_inline void tail(void *ctx, int user, int i)
 {
     if (user)
@@ -104,14 +132,12 @@ static __always_inline void tail(void *ctx, int user, int i)
     else
         scan_prog.call(ctx, i);
 }
-BPF_RINGBUF_OUTPUT(exchanges, RINGBUF_PAGES);
-BPF_RINGBUF_OUTPUT(notices, 64);
-BPF_RINGBUF_OUTPUT(streams, STREAM_PAGES);
-BPF_PERCPU_ARRAY(chunk_bufs, struct chunk, 1);
-BPF_HASH(tls_procs, __u32, __u8, 4096);                   /* tgid -> its TLS library is hooked */
-BPF_TABLE("lru_hash", __u32, __u64, tls_threads, 16384);  /* tid -> the CF_TLS conn it last read or wrote */
-BPF_TABLE("lru_hash", __u64, struct ssl_conn, ssl_conns, MAX_CONNS); /* SSL * -> its conn */
-BPF_HASH(ssl_calls, __u64, struct ssl_call, 16384);       /* pid_tgid -> a library call in progress */
+NET_RINGBUF(exchanges, RINGBUF_PAGES);
+NET_RINGBUF(notices, 64);
+NET_RINGBUF(streams, STREAM_PAGES);
+NET_MAP("percpu_array", int, struct chunk, chunk_bufs, 1);
+NET_MAP("hash", __u32, __u8, tls_procs, 4096);                   /* tgid -> its TLS library is hooked */
+NET_MAP("lru_hash", __u32, __u64, tls_threads, 16384);  /* tid -> the CF_TLS conn it last read or wrote */
 
 static __always_inline void count(int idx)
 {
@@ -340,7 +366,7 @@ struct shape_state {
     __u64 start_ns;
     __u8 pending;
 };
-BPF_PERCPU_ARRAY(shape_states, struct shape_state, 1);
+NET_MAP("percpu_array", int, struct shape_state, shape_states, 1);
 
 /* FNV-1a over the method and path of the request head ("GET /a/b?q HTTP/1.1":
  * "GET /a/b"), 0 when the bytes kept do not reach the path's end. */
@@ -377,6 +403,7 @@ static __always_inline void choose_bin(struct conn *c)
     st->pending = 1; /* the hash's loop is a tail call's: the verifier walks it once, not per path */
 }
 
+#ifndef TLS_MODULE
 /* The tail call choose_bin asked for: the shape, and whether it is binned. */
 int find_shape(void *ctx)
 {
@@ -396,6 +423,7 @@ int find_shape(void *ctx)
     __sync_fetch_and_add(&c->seq, 1);
     return 0;
 }
+#endif
 
 /* Submit a copy of the connection's finished exchange, its payload pieces
  * after it when it has them. */
@@ -488,15 +516,15 @@ struct beat_state {
     __u64 n;      /* bytes of buf written; 0: no beat pending */
     __u64 window; /* the last bytes counted, newest lowest */
 };
-BPF_PERCPU_ARRAY(beat_states, struct beat_state, 1);
+NET_MAP("percpu_array", int, struct beat_state, beat_states, 1);
 /* Write events sent, and read: the agent writes its count after each drain.
  * Those unread may fill five eighths of the ring; a response's first
  * FIRST_WRITES (its head and first tokens: the time to first token) three
  * quarters; the last quarter is the exchanges'. So a flood of stream writes
  * the agent is late to drain never costs a request its record, nor a stream
  * its first token (bcc has no ringbuf_query method to ask the ring itself). */
-BPF_ARRAY(beats_sent, __u64, 1);
-BPF_ARRAY(beats_read, __u64, 1);
+NET_MAP("array", int, __u64, beats_sent, 1);
+NET_MAP("array", int, __u64, beats_read, 1);
 #define BEAT_EIGHTHS(n) (RINGBUF_PAGES * 4096ULL / 8 * (n) / ((sizeof(struct beat) + 15) & ~7ULL))
 #define FIRST_WRITES 4
 
@@ -581,8 +609,11 @@ static __always_inline int send_beat_(void *ctx, int user)
     exchanges.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
     return 0;
 }
-int send_beat(void *ctx) { return send_beat_(ctx, 0); }
+#ifdef TLS_MODULE /* for the library's returns */
 int usend_beat(void *ctx) { return send_beat_(ctx, 1); }
+#else
+int send_beat(void *ctx) { return send_beat_(ctx, 0); }
+#endif
 
 /* Parse "HTTP/1.x NNN" at the start of b; 0 when it is not a status line. */
 static __always_inline __u16 status_of(const __u8 *b)
@@ -661,7 +692,7 @@ struct scan_state {
     __u64 off; /* where this chunk starts */
     __u64 len; /* bytes the read returned */
 };
-BPF_PERCPU_ARRAY(scan_states, struct scan_state, 1);
+NET_MAP("percpu_array", int, struct scan_state, scan_states, 1);
 
 /* One chunk; 1 when the search is over (the head ended, both found). */
 static __always_inline int scan_chunk(struct conn *c, struct scan_buf *s, struct scan_state *st)
@@ -717,8 +748,11 @@ static __always_inline int scan_head_(void *ctx, int user)
     st->n = 0; /* done, or the tail call failed */
     return 0;
 }
-int scan_head(void *ctx) { return scan_head_(ctx, 0); }
+#ifdef TLS_MODULE /* for the library's returns */
 int uscan_head(void *ctx) { return scan_head_(ctx, 1); }
+#else
+int scan_head(void *ctx) { return scan_head_(ctx, 0); }
+#endif
 
 /* A POST exchange's payload work for this call (struct body: its pieces),
  * asked for by on_recv and on_send and done by `keep_payload`, tail-called
@@ -737,7 +771,7 @@ struct payload_state {
     __s64 ret;     /* the bytes it moved */
     __u32 ops;     /* P_*; 0: nothing asked */
 };
-BPF_PERCPU_ARRAY(payload_states, struct payload_state, 1);
+NET_MAP("percpu_array", int, struct payload_state, payload_states, 1);
 
 /* Only stores: a test here of the call's bytes (their count, their buffer)
  * would split every path the verifier follows through what comes after. */
@@ -781,8 +815,11 @@ static __always_inline int keep_payload_(void *ctx, int user)
     tails(ctx, user); /* what else the call asked for: the head's scan, the write's event */
     return 0;
 }
-int keep_payload(void *ctx) { return keep_payload_(ctx, 0); }
+#ifdef TLS_MODULE /* for the library's returns */
 int ukeep_payload(void *ctx) { return keep_payload_(ctx, 1); }
+#else
+int keep_payload(void *ctx) { return keep_payload_(ctx, 0); }
+#endif
 
 /* Ask for a search of this read's head, run when the syscall's exit is done. */
 static __always_inline void want_scan(__u64 key, __u64 buf, __u64 n)
@@ -954,7 +991,7 @@ struct chunk_state {
     __u64 iovp;
     __u64 iovlen;
 };
-BPF_PERCPU_ARRAY(chunk_states, struct chunk_state, 1);
+NET_MAP("percpu_array", int, struct chunk_state, chunk_states, 1);
 
 /* What the streams a chunk begins belong to, found as link_exchange finds it
  * for an exchange (gRPC's own threads write a channel's calls: CF_BY_PROCESS). */
@@ -1051,8 +1088,11 @@ static __always_inline int send_chunk_(void *ctx, int user)
         count(C_CHUNKS_LOST);
     return 0;
 }
-int send_chunk(void *ctx) { return send_chunk_(ctx, 0); }
+#ifdef TLS_MODULE /* for the library's returns */
 int usend_chunk(void *ctx) { return send_chunk_(ctx, 1); }
+#else
+int send_chunk(void *ctx) { return send_chunk_(ctx, 0); }
+#endif
 
 /* The connection closed: a chunk with no bytes. */
 static __always_inline void close_chunk(struct conn *c)
@@ -1404,6 +1444,9 @@ static __always_inline void dispatch(struct conn *c, struct args *a, long ret, _
     if (c->flags & CF_STREAM) /* a stream's bytes, or its preface just framed */
         want_chunk(c, a, ret, dir, dir == CH_OUT ? a->enter_ns : now);
 }
+
+/* ---- The kernel's hooks (none of them are the TLS module's) ---- */
+#ifndef TLS_MODULE
 
 #if NET_TIER == NET_TIER_SYSCALL
 /* Field names differ between the syscalls' enters; each names its own. */
@@ -1815,74 +1858,6 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     return 0;
 }
 
-/* ---- TLS: the plaintext, from the library (OpenSSL's SSL_read/SSL_write
- * and their _ex forms, attached by userspace to each libssl a traced process
- * maps). An SSL * is tied to its connection by the thread's last read or
- * write of a CF_TLS connection before the call returns (inside the call for
- * a socket BIO; just before it for a memory BIO, as Python's asyncio does),
- * and checked against the connection's socket on every later call. */
-static __always_inline int ssl_enter(struct pt_regs *ctx, __u32 flags)
-{
-    __u64 id = bpf_get_current_pid_tgid();
-    if (!is_tracked(id >> 32))
-        return 0;
-    struct ssl_call call = {.ssl = PT_REGS_PARM1(ctx), .buf = PT_REGS_PARM2(ctx),
-                            .done = flags & SSL_EX ? PT_REGS_PARM4(ctx) : 0,
-                            .enter_ns = bpf_ktime_get_ns(), .flags = flags};
-    ssl_calls.update(&id, &call);
-    return 0;
-}
-
-static __always_inline struct conn *ssl_conn_of(__u64 ssl, __u64 id)
-{
-    struct ssl_conn *known = ssl_conns.lookup(&ssl);
-    if (known) {
-        struct conn *c = conns.lookup(&known->key);
-        if (c && c->sk == known->sk && c->flags & CF_TLS) {
-            c->flags |= CF_TLS_PLAIN;
-            return c;
-        }
-    }
-    __u32 tid = id;
-    __u64 *key = tls_threads.lookup(&tid);
-    struct conn *c = key ? conns.lookup(key) : NULL;
-    if (!c || !(c->flags & CF_TLS))
-        return NULL;
-    struct ssl_conn learned = {.key = *key, .sk = c->sk};
-    ssl_conns.update(&ssl, &learned);
-    c->flags |= CF_TLS_PLAIN;
-    return c;
-}
-
-int ssl_leave(struct pt_regs *ctx)
-{
-    __u64 id = bpf_get_current_pid_tgid();
-    struct ssl_call *call = ssl_calls.lookup(&id);
-    if (!call)
-        return 0;
-    long n = (int)PT_REGS_RC(ctx);
-    if (call->flags & SSL_EX) { /* 1 and the count in *done, or 0 */
-        __u64 done = 0;
-        if (n != 1 || read_user(&done, sizeof(done), (void *)call->done))
-            done = 0;
-        n = done;
-    }
-    struct conn *c = n > 0 ? ssl_conn_of(call->ssl, id) : NULL;
-    if (c) {
-        struct args a = {.ptr = call->buf, .enter_ns = call->enter_ns, .fd = c->fd,
-                         .kind = K_FLAT | (call->flags & SSL_WRITE ? SEND : 0)};
-        dispatch(c, &a, n, id, bpf_ktime_get_ns());
-    }
-    ssl_calls.delete(&id);
-    tails(ctx, 1);
-    return 0;
-}
-
-int ssl_read_enter(struct pt_regs *ctx) { return ssl_enter(ctx, 0); }
-int ssl_read_ex_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_EX); }
-int ssl_write_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_WRITE); }
-int ssl_write_ex_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_WRITE | SSL_EX); }
-
 #if RUNQ
 /* Run-queue wait of tracked processes' threads: from a thread becoming
  * runnable (woken, or preempted while running) to it running again, summed
@@ -1950,3 +1925,77 @@ TRACEPOINT_PROBE(sched, sched_switch) { return on_switch(args->next_pid, (args->
 TRACEPOINT_PROBE(sched, sched_wakeup) { return on_wakeup(args->pid); }
 #endif
 #endif
+
+#else /* TLS_MODULE */
+
+/* ---- TLS: the plaintext, from the library (OpenSSL's SSL_read/SSL_write
+ * and their _ex forms, attached by userspace to each libssl a traced process
+ * maps). An SSL * is tied to its connection by the thread's last read or
+ * write of a CF_TLS connection before the call returns (inside the call for
+ * a socket BIO; just before it for a memory BIO, as Python's asyncio does),
+ * and checked against the connection's socket on every later call. */
+BPF_TABLE("lru_hash", __u64, struct ssl_conn, ssl_conns, MAX_CONNS); /* SSL * -> its conn */
+BPF_HASH(ssl_calls, __u64, struct ssl_call, 16384);                  /* pid_tgid -> a library call in progress */
+
+static __always_inline int ssl_enter(struct pt_regs *ctx, __u32 flags)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    if (!is_tracked(id >> 32))
+        return 0;
+    struct ssl_call call = {.ssl = PT_REGS_PARM1(ctx), .buf = PT_REGS_PARM2(ctx),
+                            .done = flags & SSL_EX ? PT_REGS_PARM4(ctx) : 0,
+                            .enter_ns = bpf_ktime_get_ns(), .flags = flags};
+    ssl_calls.update(&id, &call);
+    return 0;
+}
+
+static __always_inline struct conn *ssl_conn_of(__u64 ssl, __u64 id)
+{
+    struct ssl_conn *known = ssl_conns.lookup(&ssl);
+    if (known) {
+        struct conn *c = conns.lookup(&known->key);
+        if (c && c->sk == known->sk && c->flags & CF_TLS) {
+            c->flags |= CF_TLS_PLAIN;
+            return c;
+        }
+    }
+    __u32 tid = id;
+    __u64 *key = tls_threads.lookup(&tid);
+    struct conn *c = key ? conns.lookup(key) : NULL;
+    if (!c || !(c->flags & CF_TLS))
+        return NULL;
+    struct ssl_conn learned = {.key = *key, .sk = c->sk};
+    ssl_conns.update(&ssl, &learned);
+    c->flags |= CF_TLS_PLAIN;
+    return c;
+}
+
+int ssl_leave(struct pt_regs *ctx)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    struct ssl_call *call = ssl_calls.lookup(&id);
+    if (!call)
+        return 0;
+    long n = (int)PT_REGS_RC(ctx);
+    if (call->flags & SSL_EX) { /* 1 and the count in *done, or 0 */
+        __u64 done = 0;
+        if (n != 1 || read_user(&done, sizeof(done), (void *)call->done))
+            done = 0;
+        n = done;
+    }
+    struct conn *c = n > 0 ? ssl_conn_of(call->ssl, id) : NULL;
+    if (c) {
+        struct args a = {.ptr = call->buf, .enter_ns = call->enter_ns, .fd = c->fd,
+                         .kind = K_FLAT | (call->flags & SSL_WRITE ? SEND : 0)};
+        dispatch(c, &a, n, id, bpf_ktime_get_ns());
+    }
+    ssl_calls.delete(&id);
+    tails(ctx, 1);
+    return 0;
+}
+
+int ssl_read_enter(struct pt_regs *ctx) { return ssl_enter(ctx, 0); }
+int ssl_read_ex_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_EX); }
+int ssl_write_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_WRITE); }
+int ssl_write_ex_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_WRITE | SSL_EX); }
+#endif /* TLS_MODULE */

@@ -704,6 +704,7 @@ class Agent:
             if self.cache is not None:
                 self.cache.consume()
             self.probe.poll(50)
+            self.probe.tls.attach_waiting()  # once its programs are loaded (a thread's work)
             now = time.monotonic()
             if now >= next_flush:
                 in_flight = self._flush()

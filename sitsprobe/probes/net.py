@@ -18,12 +18,14 @@ from ..procs import BlockedRead
 from ..events import Beat, Chunk, Exchange, ProcessNotice
 from ..request import Endpoint, Payload, Write
 from . import side_by_side
+from .compiler import compile_module
 from .bins import BPF_NOEXIST, KernelBins
 from .hooks import FENTRY, KPROBE, RAW_TRACEPOINT, TRACEPOINT, Hook
 from .layout import Layout
 from .maps import MapCopy
+from .pins import pinned
 from .ring import DrainBudget
-from .tls import TlsHooks
+from .tls import SYMBOLS as TLS_SYMBOLS, TlsHooks
 
 _HOOK_CODE = {FENTRY: TCP_SENDMSG_FENTRY, KPROBE: TCP_SENDMSG_KPROBE, TRACEPOINT: TCP_SENDMSG_TRACEPOINT}
 _TIER_CODE = {RAW_TRACEPOINT: NET_TIER_SOCK, TRACEPOINT: NET_TIER_SYSCALL}
@@ -53,9 +55,7 @@ def source_flags() -> list[str]:
 
 def compile_net(flags: list[str]):
     """bpf/net.c compiled with ``flags``: bcc's module, no program loaded yet."""
-    from bcc import BPF  # the probes layer is the only one that imports bcc
-
-    return BPF(src_file=str(bpf_dir() / "net.c").encode(), cflags=flags)
+    return compile_module(str(bpf_dir() / "net.c"), flags)
 
 
 def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
@@ -245,28 +245,18 @@ class NetProbe:
                  on_beat: Callable[[Beat], None] = lambda _beat: None,
                  on_chunk: Callable[[Chunk], None] = lambda _chunk: None, compiled=None):
         """compiled: compile_net(flags), already made (probes.ahead)."""
-        from bcc import BPF  # the probes layer is the only one that imports bcc
-        from bcc.libbcc import lib
+        from bcc.libbcc import lib  # the probes layer is the only one that imports bcc
 
         self._lib = lib
+        self._flags = flags
         self._bpf = compiled if compiled is not None else compile_net(flags)
+        try:
+            self._attach(flags)
+        except BaseException:  # nothing of it stays: its exported maps would shadow the next one's
+            side_by_side.close(self._bpf)
+            raise
         self.socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
-        # tail-called, never attached; each of the type of the programs that call it
-        caller = BPF.RAW_TRACEPOINT if self.socket_tier else BPF.TRACEPOINT
-        tails = (*TAILS, b"find_shape") if "-DBINS=1" in flags else TAILS
-        exits = [fn for fn in SHARED_EXITS if lib.bpf_function_start(self._bpf.module, fn)]
-        loaded = side_by_side.load(self._bpf, (*tails, b"sock_io") if self.socket_tier else (*tails, *exits),
-                                   caller)
-        for i, fn in enumerate(loaded[:len(tails)]):
-            self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(fn.fd)
-        if self.socket_tier:
-            for tp in (b"sock_send_length", b"sock_recv_length"):  # one program, both ways
-                self._bpf.attach_raw_tracepoint(tp=tp, fn_name=b"sock_io")
-        for fn in exits:
-            for call in SHARED_EXITS[fn]:
-                self._bpf.attach_tracepoint(tp=b"syscalls:sys_exit_" + call, fn_name=fn)
-        self._user_tails = False
-        self.tls = TlsHooks(self._bpf, prepare=self._load_user_tails)
+        self.tls = TlsHooks(self._bpf["tls_procs"], self._load_tls)
         self.bins = KernelBins(self._bpf) if "-DBINS=1" in flags else None
         self._conns = self._bpf["conns"]
         self._tracked = self._bpf["tracked"]
@@ -315,17 +305,45 @@ class NetProbe:
         self._notice_map.open_ring_buffer(notice_cb)
         self._bpf["streams"].open_ring_buffer(chunk_cb)
 
-    def _load_user_tails(self) -> None:
-        """The tail programs of the TLS library's returns: loaded (verified:
-        the better part of a second) when the first TLS probe goes on."""
+    def _attach(self, flags: list[str]) -> None:
+        """Load the kernel's programs (verified side by side) and put them on."""
+        from bcc import BPF
+        from bcc.libbcc import lib
+
+        socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
+        # tail-called, never attached; each of the type of the programs that call it
+        caller = BPF.RAW_TRACEPOINT if socket_tier else BPF.TRACEPOINT
+        tails = (*TAILS, b"find_shape") if "-DBINS=1" in flags else TAILS
+        exits = [fn for fn in SHARED_EXITS if lib.bpf_function_start(self._bpf.module, fn)]
+        loaded = side_by_side.load(self._bpf, (*tails, b"sock_io") if socket_tier else (*tails, *exits), caller)
+        for i, fn in enumerate(loaded[:len(tails)]):
+            self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(fn.fd)
+        if socket_tier:
+            for tp in (b"sock_send_length", b"sock_recv_length"):  # one program, both ways
+                self._bpf.attach_raw_tracepoint(tp=tp, fn_name=b"sock_io")
+        for fn in exits:
+            for call in SHARED_EXITS[fn]:
+                self._bpf.attach_tracepoint(tp=b"syscalls:sys_exit_" + call, fn_name=fn)
+
+    def _load_tls(self):
+        """The TLS library's programs: net.c again, with -DTLS_MODULE, on this
+        module's maps (pinned for the compile); compiled and loaded (about a
+        second: TlsHooks runs it on a thread, once a traced process maps a libssl)."""
         from bcc import BPF
 
-        if self._user_tails:
-            return
-        table = self._bpf[b"uscan_prog"]
-        for i, fn in enumerate(side_by_side.load(self._bpf, [b"u" + name for name in TAILS], BPF.KPROBE)):
-            table[ct.c_int(i)] = ct.c_int(fn.fd)
-        self._user_tails = True
+        with pinned(self._bpf) as pins:  # opened from there by the TLS module's BPF_TABLE_PINNED
+            tls = compile_module(str(bpf_dir() / "net.c"),
+                                 [*self._flags, "-DTLS_MODULE=1", f'-DTLS_PINS="{pins}"'])
+        try:
+            entries = [entry.encode() for entry in TLS_SYMBOLS.values()]
+            user_tails = [b"u" + name for name in TAILS]
+            loaded = side_by_side.load(tls, [*user_tails, b"ssl_leave", *entries], BPF.KPROBE)
+            for i, fn in enumerate(loaded[:len(user_tails)]):
+                self._bpf[b"uscan_prog"][ct.c_int(i)] = ct.c_int(fn.fd)
+        except BaseException:
+            side_by_side.close(tls)
+            raise
+        return tls
 
     def track(self, tgid: int) -> None:
         self._tracked[ct.c_uint(tgid)] = ct.c_ubyte(1)
@@ -488,4 +506,5 @@ class NetProbe:
         return {(k.tgid, k.status): sum(v) for k, v in self._bpf["http_status"].items()}
 
     def close(self) -> None:
+        self.tls.close()  # its programs first: they use this module's maps
         side_by_side.close(self._bpf)

@@ -18,9 +18,14 @@ from __future__ import annotations
 import ctypes as ct
 import logging
 import re
+import threading
+import time
+from collections.abc import Callable
 
 from ..errors import ProbeAttachError
+from . import side_by_side
 from .libs import MappedLibrary, mapped_libraries
+from .memory import release_compiler
 
 log = logging.getLogger(__name__)
 
@@ -33,39 +38,90 @@ GO_BUILDINFO = b"\xff Go buildinf:"  # the magic of a Go binary's .go.buildinfo 
 
 
 class TlsHooks:
-    """The TLS probes of the net program (its ``bpf``): which libraries carry
-    them, and which traced processes they cover (the kernel's `tls_procs`)."""
+    """The TLS probes of the net program: which libraries carry them, and
+    which traced processes they cover (the kernel's `tls_procs`).
 
-    def __init__(self, bpf, proc: str = "/proc", prepare=lambda: None):
-        """``prepare()`` runs before the first probe goes on (loading what
-        only the probes need: nothing of it is paid where no TLS is traced)."""
-        self._bpf = bpf
+    Their programs are a module of their own (bpf/net.c with TLS_MODULE),
+    compiled and loaded by ``load_module()`` on a thread of this class once
+    the first traced process that maps a libssl is found: about a second of
+    a core that no start pays before its socket probes are on, and none at
+    all where no TLS is traced. A process found meanwhile waits for it
+    (`attach_waiting`)."""
+
+    def __init__(self, procs, load_module: Callable[[], object], proc: str = "/proc"):
+        self._procs = procs
+        self._load_module = load_module
         self._proc = proc
-        self._prepare = prepare
-        self._procs = bpf["tls_procs"]
+        self._bpf = None  # the TLS programs' bcc module, once loaded
+        self._loading: threading.Thread | None = None
+        self._load_failed: str | None = None
+        self._waiting: set[int] = set()  # pids that map a libssl, until the module is loaded
         self._events: dict[int, list[bytes]] = {}  # pid -> its probes (bcc's event names)
         self.failed: dict[int, str] = {}  # pid -> why its libssl could not be probed
         self.covered: dict[int, str] = {}  # pid -> the library path its TLS is read through
 
+    @property
+    def programs(self) -> str:
+        """Where the TLS programs stand: "not needed yet", "loading", "loaded"
+        or why they did not load."""
+        if self._load_failed is not None:
+            return self._load_failed
+        if self._bpf is not None:
+            return "loaded"
+        return "not needed yet" if self._loading is None else "loading"
+
     def attach(self, pid: int) -> str | None:
         """Cover pid if it maps a libssl: the library's path, or None (not now:
-        call again, it may load one; or it failed, and said why once)."""
+        call again, it may load one, or the programs are still loading; or
+        it failed, and said why once)."""
         if pid in self.covered or pid in self.failed:
             return self.covered.get(pid)
-        for lib in mapped_libraries(pid, _LIBRARY, "/libssl", self._proc):
+        libs = mapped_libraries(pid, _LIBRARY, "/libssl", self._proc)
+        if not libs:
+            return None
+        if self._bpf is None and self._load_failed is None:
+            self._waiting.add(pid)
+            self._start_loading()
+            return None
+        try:
+            if self._load_failed is not None:
+                raise ProbeAttachError("tls", libs[0].path, self._load_failed)
+            self._attach(libs[0], pid)
+        except ProbeAttachError as e:
+            self.failed[pid] = str(e)
+            log.warning("%s", e)
+            return None
+        self._procs[ct.c_uint(pid)] = ct.c_ubyte(1)
+        self.covered[pid] = libs[0].path
+        return libs[0].path
+
+    def attach_waiting(self) -> None:
+        """Put the probes on the processes that waited for the programs, once
+        those are loaded (or say why they are not). Cheap when none wait."""
+        if self._waiting and not self._loading.is_alive():
+            waiting, self._waiting = self._waiting, set()
+            for pid in sorted(waiting):
+                self.attach(pid)
+
+    def _start_loading(self) -> None:
+        if self._loading is not None:
+            return
+
+        def load() -> None:
+            t = time.monotonic()
             try:
-                self._attach(lib, pid)
-            except ProbeAttachError as e:
-                self.failed[pid] = str(e)
-                log.warning("%s", e)
-                return None
-            self._procs[ct.c_uint(pid)] = ct.c_ubyte(1)
-            self.covered[pid] = lib.path
-            return lib.path
-        return None
+                self._bpf = self._load_module()
+            except Exception as e:  # noqa: BLE001 (bcc raises Exception) every waiting process says it
+                log.debug("tls programs", exc_info=True)
+                self._load_failed = f"the TLS programs did not load: {str(e) or type(e).__name__}"
+                return
+            release_compiler()  # the compiler's pages go again
+            log.info("tls programs compiled and loaded in %.2f s", time.monotonic() - t)
+
+        self._loading = threading.Thread(target=load, name="tls-load", daemon=True)
+        self._loading.start()
 
     def _attach(self, lib: MappedLibrary, pid: int) -> None:
-        self._prepare()
         via = f"{self._proc}/{pid}/root{lib.path}"  # the file in the process's mount namespace
         before, done = set(self._bpf.uprobe_fds), []
         for sym, entry in SYMBOLS.items():
@@ -83,6 +139,7 @@ class TlsHooks:
 
     def forget(self, pid: int) -> None:
         """pid exited (or is no longer traced): its probes go."""
+        self._waiting.discard(pid)
         self.covered.pop(pid, None)
         self.failed.pop(pid, None)
         self._procs.pop(ct.c_uint(pid), None)
@@ -91,6 +148,14 @@ class TlsHooks:
                 self._bpf.detach_uprobe_event(ev)
             except Exception as e:  # noqa: BLE001 (bcc raises Exception) the rest still go
                 log.debug("tls probe %s: %s", ev.decode(errors="replace"), e)
+
+    def close(self) -> None:
+        """Every probe off and the programs freed (a load under way first ends)."""
+        if self._loading is not None:
+            self._loading.join()
+        if self._bpf is not None:
+            side_by_side.close(self._bpf)
+            self._bpf = None
 
 
 def tls_status(pid: int, proc: str = "/proc") -> tuple[bool, str]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -291,3 +293,75 @@ def test_a_compile_begun_ahead_that_failed_says_why_when_taken(kept, monkeypatch
     with pytest.raises(Exception, match="1 error generated"):
         early.take(early.flags)
     early.close()
+
+
+def _idle(*argv: str) -> subprocess.Popen:
+    return subprocess.Popen(list(argv), stdin=subprocess.PIPE)
+
+
+def _maps_libssl(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return any("/libssl" in line for line in f)
+
+
+@pytest.fixture
+def processes():
+    """(an idle process that maps a libssl, one that does not)"""
+    ssl = _idle(sys.executable, "-c", "import ssl, sys; sys.stdin.read()")  # Python's ssl loads libssl
+    plain = _idle("cat")
+    wait_until(lambda: _maps_libssl(ssl.pid), 10, "the child to load libssl")
+    yield ssl.pid, plain.pid
+    for proc in (ssl, plain):
+        proc.kill()
+        proc.wait()
+
+
+def _covered(probe: NetProbe, pid: int) -> bool:
+    probe.tls.attach_waiting()  # what the agent's loop does
+    return pid in probe.tls.covered or pid in probe.tls.failed
+
+
+def test_the_tls_programs_are_compiled_only_once_a_process_maps_libssl(processes):
+    """A start where no traced process maps a libssl compiles none of them;
+    the first that does waits for their compile, on a thread of its own."""
+    ssl, plain = processes
+    p = make_probe("socket", True)
+    try:
+        assert p.tls.attach(plain) is None
+        assert p.tls.programs == "not needed yet"
+        assert p.tls.attach(ssl) is None
+        assert p.tls.programs == "loading"
+        wait_until(lambda: _covered(p, ssl), 30, "the TLS probes on the process")
+        assert p.tls.programs == "loaded", p.tls.failed
+        assert "/libssl" in p.tls.attach(ssl)
+        assert ssl in p.tls.covered and plain not in p.tls.covered
+    finally:
+        p.close()
+
+
+def _map_id(fd: int) -> int:
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return int(re.search(r"map_id:\s*(\d+)", f.read())[1])
+
+
+def test_the_tls_programs_are_on_their_net_programs_maps_with_others_made_and_freed(processes):
+    """load_net closes a guess the probe belies and compiles net.c again,
+    and tests make many: the TLS programs compiled later must use the maps
+    of the net program they belong to, whatever was made and freed before
+    (bcc's extern tables would have found the first one's stale fds)."""
+    ssl, _ = processes
+    make_probe("socket", True).close()
+    other = make_probe("syscall", False)
+    p = make_probe("socket", True)
+    try:
+        assert p.tls.attach(ssl) is None
+        wait_until(lambda: _covered(p, ssl), 30, "the TLS probes on the process")
+        assert p.tls.programs == "loaded", p.tls.failed
+        names = (b"conns", b"exchanges", b"streams", b"tls_procs", b"tls_threads", b"uscan_prog", b"counters")
+        ours = {n: _map_id(p._bpf[n].map_fd) for n in names}
+        assert {n: _map_id(p.tls._bpf[n].map_fd) for n in names} == ours  # the TLS module's own handles
+        assert not set(ours.values()) & {_map_id(other._bpf[n].map_fd) for n in names}
+        assert not any(name.startswith(f"sitsprobe-{os.getpid()}-") for name in os.listdir("/sys/fs/bpf"))
+    finally:
+        p.close()
+        other.close()
