@@ -366,9 +366,10 @@ class Agent:
 
     # -- processes ----------------------------------------------------------------
 
-    def _track(self, info: procs.ProcInfo) -> None:
+    def _track(self, info: procs.ProcInfo, tls: bool = True) -> None:
         self.probe.track(info.pid)
-        self._tls(info.pid, time.monotonic())
+        if tls:
+            self._tls(info.pid, time.monotonic())
         self.tracked[info.pid] = self.names[info.pid] = info.comm
         self.containers[info.pid] = container_of(info.pid)
         listening = procs.listening_ports(info.pid)
@@ -472,19 +473,21 @@ class Agent:
         found = procs.select(self.selector, known=self.tracked, memo=self._listen_memo)
         for pid, info in found.items():
             if pid not in self.tracked:
-                self._track(info)
+                self._track(info, tls=False)  # below, after the other probes' compiles
             elif info.comm != self.tracked[pid]:  # it renamed itself (prctl, setproctitle)
                 self.tracked[pid] = self.names[pid] = info.comm
                 self._thread_names = {k: v for k, v in self._thread_names.items() if k[0] != pid}
         for pid in [p for p in self.tracked if p not in found and procs.read_info(p) is None]:
             self._retire(pid)
-        now = time.monotonic()
-        for pid in list(self.tracked):
-            self._tls(pid, now)
         if self.cache is not None:
             self.cache.rescan()
         if self.config.engine.markers:
             self._find_engines()
+        # last: the first libssl found starts the TLS programs' compile, on a
+        # thread, and a compile here after it (the markers') would wait for it
+        now = time.monotonic()
+        for pid in list(self.tracked):
+            self._tls(pid, now)
 
     def _marker_probe(self):
         """The engine-marker probe, compiled when the first traced process
