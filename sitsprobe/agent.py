@@ -39,7 +39,7 @@ from .report.records import RequestRecord
 from .report.tables import kept_attributes
 from .request import Request
 from .routes import RouteMapper
-from .sampling import TraceSampler
+from .sampling import CpuMeter, TraceSampler
 from .stitch import genai
 from .stitch.engine import EngineJoin
 from .stitch.exchange import Stitcher, enrich, exited
@@ -121,7 +121,9 @@ class Agent:
         self.hooks: dict[str, str] = {}
         self.ready = False
         self.requests_seen = 0
-        self._export_cpu = 0.0  # CPU seconds _export spent, in all
+        # what tracing costs this thread, charged to the sampler's budget;
+        # _metering: inside an exchange whose every cost is tracing's
+        self._tracing_cpu, self._metering = CpuMeter(self.sampler.charge), False
         self._shapes: dict[int, tuple[str, str] | None] = {}  # the kernel's shape -> (method, route)
         self.probe = None
         self.markers = None
@@ -563,9 +565,12 @@ class Agent:
             return
         # the kernel counted it, and sent it for a trace only: what it costs
         # here is tracing's, charged to the budget (its export charges itself)
-        began, exported = time.thread_time(), self._export_cpu
-        self._take(ex, [r._replace(binned=True) for r in self.stitcher.on_exchange(ex)])
-        self.sampler.charge(time.thread_time() - began - (self._export_cpu - exported))
+        began, self._metering = self._tracing_cpu.start(), True
+        try:
+            self._take(ex, [r._replace(binned=True) for r in self.stitcher.on_exchange(ex)])
+        finally:
+            self._metering = False
+        self._tracing_cpu.stop(began)
 
     def _take(self, ex: Exchange, requests: list[Request]) -> None:
         """Requests stitched from ex (none: a duplicate of one already reported)."""
@@ -671,12 +676,14 @@ class Agent:
 
     def _export(self, t: Trace) -> None:
         """A trace out, its CPU charged to the sampler's budget (what the
-        exporter's sender spends is charged by the exporter)."""
-        began = time.thread_time()
+        exporter's sender spends is charged by the exporter; inside an
+        exchange the kernel sent for a trace only, with that exchange)."""
+        if self._metering:
+            self.exporter.export_trace(t, self._enrich)
+            return
+        began = self._tracing_cpu.start()
         self.exporter.export_trace(t, self._enrich)
-        spent = time.thread_time() - began
-        self._export_cpu += spent
-        self.sampler.charge(spent)
+        self._tracing_cpu.stop(began)
 
     def _flush(self, everything: bool = False) -> dict[int, float]:
         """Report responses whose framing says they are done (with

@@ -3,7 +3,8 @@ and sent only for a trace (CF_BINNED) costs tracing its stitching as well as
 its export; any other exchange is the metrics' and costs tracing only its
 export. The stitcher and the exporter are the agent's own, made slow by a
 known amount of CPU (their real work is too quick to tell apart from noise);
-the rest of the path is the agent's code."""
+the rest of the path is the agent's code. The agent reads its CPU clock for
+one exchange in CPU_READ_EVERY and charges it that many times over."""
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ import pytest
 from sitsprobe import config
 from sitsprobe.agent import Agent
 from sitsprobe.events import CF_BINNED, CF_TCP, CF_TUPLE
+from sitsprobe.sampling import CPU_READ_EVERY
 from tests.unit.test_stitch import exchange
 
 STITCH_S, EXPORT_S = 0.006, 0.004
@@ -50,11 +52,14 @@ def agent():
 
 
 def charged(agent: Agent, flags: int) -> float:
+    """The CPU charged, per exchange, over as many exchanges as the agent's
+    meter takes to read the clock for one (sampling.CpuMeter)."""
     before = agent.sampler.cpu_seconds
-    agent._on_exchange(exchange(flags=flags, start_ns=time.monotonic_ns()))
-    agent._send(agent.joiner.expire(time.monotonic_ns(), everything=True), time.monotonic_ns())
-    assert agent.exporter.traces == 1  # exported at once: under budget
-    return agent.sampler.cpu_seconds - before
+    for _ in range(CPU_READ_EVERY):
+        agent._on_exchange(exchange(flags=flags, start_ns=time.monotonic_ns()))
+        agent._send(agent.joiner.expire(time.monotonic_ns(), everything=True), time.monotonic_ns())
+    assert agent.exporter.traces == CPU_READ_EVERY  # exported at once: under budget
+    return (agent.sampler.cpu_seconds - before) / CPU_READ_EVERY
 
 
 def test_an_exchange_sent_for_a_trace_charges_its_stitching_and_its_export_once(agent):

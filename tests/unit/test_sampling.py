@@ -10,7 +10,9 @@ import threading
 import pytest
 
 from sitsprobe.request import Request
-from sitsprobe.sampling import CREDIT_WINDOWS, DEBT_WINDOWS, FLOOR_PER_SECOND, PRIOR_COST_S, TraceSampler
+from sitsprobe import sampling
+from sitsprobe.sampling import (CREDIT_WINDOWS, DEBT_WINDOWS, FLOOR_PER_SECOND, PRIOR_COST_S, CpuMeter,
+                                TraceSampler)
 
 S = 1_000_000_000
 T0 = 100 * S  # the start of a window
@@ -255,3 +257,45 @@ def test_every_request_is_accounted_for_and_the_long_run_stays_in_budget(seed):
             assert settled <= BUDGET * (current - first) + s.debt + s.written_off + 1e-9
     s.flush()
     assert s.held == 0 and s.seen == s.exported + s.dropped
+
+
+# --- CpuMeter: the thread's CPU clock read for one piece of work in `every`
+
+class FakeThreadClock:
+    """time.thread_time that each piece of work advances by its cost; counts its reads."""
+
+    def __init__(self):
+        self.now, self.reads = 0.0, 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+def test_a_meter_reads_the_first_piece_of_work_and_one_in_every_after(monkeypatch):
+    clock = FakeThreadClock()
+    monkeypatch.setattr(sampling.time, "thread_time", clock)
+    charged: list[float] = []
+    meter = CpuMeter(charged.append, every=4)
+    costs = [0.001 * (1 + i % 3) for i in range(12)]  # 1, 2, 3, 1, 2, ... ms
+    for cost in costs:
+        began = meter.start()
+        clock.now += cost
+        meter.stop(began)
+    assert clock.reads == 2 * 3  # pieces 0, 4 and 8: two reads each
+    assert charged == pytest.approx([4 * costs[0], 4 * costs[4], 4 * costs[8]])
+
+
+def test_a_meter_charges_what_the_work_cost_on_average(monkeypatch):
+    clock = FakeThreadClock()
+    monkeypatch.setattr(sampling.time, "thread_time", clock)
+    charged: list[float] = []
+    meter = CpuMeter(charged.append)
+    rng = random.Random(7)
+    costs = [rng.expovariate(1 / 50e-6) for _ in range(40_000)]  # traces of 50 µs on average
+    for cost in costs:
+        began = meter.start()
+        clock.now += cost
+        meter.stop(began)
+    assert clock.reads == 2 * len(costs) // sampling.CPU_READ_EVERY
+    assert sum(charged) == pytest.approx(sum(costs), rel=0.03)
