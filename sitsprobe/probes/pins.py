@@ -41,7 +41,8 @@ def pinned(bpf, root: str = BPFFS) -> Iterator[str]:
             path = os.path.join(directory, name)
             if lib.bpf_obj_pin(lib.bpf_table_fd_id(bpf.module, i), path.encode()) != 0:
                 err = ct.get_errno()
-                raise OSError(err, f"pinning the map {name} at {path}: {os.strerror(err)}")
+                raise OSError(err, f"pinning the map {name} at {path}: {os.strerror(err)} "
+                                   f"(pins need a BPF file system mounted at {root})")
             pins.append(path)
         yield directory
     finally:

@@ -365,3 +365,36 @@ def test_the_tls_programs_are_on_their_net_programs_maps_with_others_made_and_fr
     finally:
         p.close()
         other.close()
+
+
+def test_tls_programs_that_cannot_load_say_why_and_the_rest_still_traces(processes, monkeypatch, tmp_path):
+    """The TLS compile needs the BPF file system to pin the net program's
+    maps in: where it cannot, the process that waited is told why, once,
+    and the socket probes carry on."""
+    from sitsprobe.probes import net as net_module
+
+    ssl, _ = processes
+    not_bpffs = tmp_path / "not-bpffs"
+    not_bpffs.mkdir()
+    real = net_module.pinned
+    monkeypatch.setattr(net_module, "pinned", lambda bpf: real(bpf, root=str(not_bpffs)))
+    p = make_probe("socket", True)
+    try:
+        assert p.tls.attach(ssl) is None
+        wait_until(lambda: _covered(p, ssl), 30, "the TLS load to end")
+        assert p.tls.programs.startswith("the TLS programs did not load: "), p.tls.programs
+        assert ssl in p.tls.failed and ssl not in p.tls.covered
+        assert f"pins need a BPF file system mounted at {not_bpffs}" in p.tls.failed[ssl], p.tls.failed[ssl]
+        assert p.tls.attach(ssl) is None  # said once; not tried again
+        server = Server(None)  # plaintext is still framed
+        try:
+            p.track(server.pid)
+            c = Client(server.port)
+            c.request("GET", "/after")
+            c.close()
+            wait_until(lambda: b"/after" in _paths(p), 10, "the request after the failed TLS load")
+        finally:
+            server.stop()
+    finally:
+        p.close()
+    assert os.listdir(not_bpffs) == []  # nothing of the attempt stays
