@@ -83,6 +83,17 @@ struct uiovec {
 #endif
 
 NET_MAP("hash", __u32, __u8, tracked, 4096);
+/* tgid -> maybe tracked, a bit each, PID_WORDS words (pid_max at the start): the
+ * first test of every socket call and context switch of the node, paid by
+ * every process, where a hash look-up was a quarter of an untraced call's
+ * cost (array look-ups are inlined). A clear bit says "not tracked"; a set
+ * one sends the test on to `tracked`, the authority, so a stale bit costs
+ * a look-up, never a request. Userspace alone writes user_bits (its
+ * track/untrack); the kernel alone writes kernel_bits (a listener on
+ * select.ports), by atomic add and never clearing, so neither writer can
+ * undo the other's bit. */
+NET_MAP("array", int, __u64, user_bits, PID_WORDS);
+NET_MAP("array", int, __u64, kernel_bits, PID_WORDS);
 NET_MAP("hash", __u16, __u8, ports, 1024); /* select.ports: a process listening on one is tracked */
 NET_MAP("hash", __u64, struct conn, conns, MAX_CONNS);
 /* accepted while conns was full -> its socket (CONN_BY_STATE; else 1). LRU: CONN_BY_STATE sees no
@@ -153,7 +164,22 @@ static __always_inline __u64 conn_key(__u32 tgid, __u32 fd)
 
 static __always_inline int is_tracked(__u32 tgid)
 {
+    int word = tgid / 64;
+    if (word < PID_WORDS) { /* a pid past pid_max as it was at the start asks the hash */
+        __u64 bit = 1ULL << (tgid % 64), *u = user_bits.lookup(&word), *k = kernel_bits.lookup(&word);
+        if (!(((u ? *u : 0) | (k ? *k : 0)) & bit))
+            return 0;
+    }
     return tracked.lookup(&tgid) != NULL;
+}
+
+/* The kernel tracked tgid (the one winner of its insert into `tracked`). */
+static __always_inline void kernel_tracked(__u32 tgid)
+{
+    int word = tgid / 64;
+    __u64 bit = 1ULL << (tgid % 64), *k = kernel_bits.lookup(&word);
+    if (k && !(*k & bit)) /* set: never cleared, so only this insert's winner adds it */
+        __sync_fetch_and_add(k, bit);
 }
 
 /* The run-queue wait of the calling thread so far (RUNQ). */
@@ -1759,7 +1785,8 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         __u32 tgid = bpf_get_current_pid_tgid() >> 32;
         __u8 one = 1;
         if (ports.lookup(&port) && !is_tracked(tgid)) {
-            tracked.update(&tgid, &one);
+            if (!tracked.insert(&tgid, &one)) /* 0: this call made the entry */
+                kernel_tracked(tgid);
             notify(N_LISTEN, tgid);
         }
         return 0;

@@ -58,6 +58,20 @@ def compile_net(flags: list[str]):
     return compile_module(str(bpf_dir() / "net.c"), flags)
 
 
+PID_MAX_DEFAULT = 4_194_304  # PID_MAX_LIMIT on 64-bit: what systemd sets pid_max to
+
+
+def pid_bitmap_words(path: str = "/proc/sys/kernel/pid_max") -> int:
+    """Words of 64 pids in net.c's tracked-process bitmaps: pid_max's (a pid
+    past them, after pid_max is raised, is looked up in the hash instead)."""
+    try:
+        with open(path) as f:
+            pid_max = int(f.read())
+    except (OSError, ValueError):
+        pid_max = PID_MAX_DEFAULT
+    return max(1, -(-min(pid_max, PID_MAX_DEFAULT) // 64))
+
+
 def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
            ring_buffer_mib: int, socket_io: Hook, tcp_sendmsg: Hook | None = None,
            run_queue: bool = True, task_pid_offset: int | None = None, read_waits: bool = True,
@@ -65,7 +79,7 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
            genai: bool = True, body_bytes: int = 512,
            tail_bytes: int = 512, write_peek_bytes: int = 384, max_writes: int = 4096,
            max_payloads: int = 4096, bins: Iterable[str] = (),
-           sock_offsets: tuple[int, int, int] | None = None) -> list[str]:
+           sock_offsets: tuple[int, int, int] | None = None, pid_words: int | None = None) -> list[str]:
     """Load-time settings as -D constants (never string templating).
     ``socket_io`` is the tier chosen for the bytes of socket calls
     (hooks.SOCKET_TIER or SYSCALL_TIER); ``tcp_sendmsg`` matters on the
@@ -75,7 +89,8 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
     ``sock_offsets`` (struct sock's family and type, struct unix_sock's addr,
     from the kernel's BTF) on
     the socket tier: connections followed with no syscall tracepoint
-    (CONN_BY_STATE in bpf/net.c)."""
+    (CONN_BY_STATE in bpf/net.c). ``pid_words``: the tracked-process
+    bitmaps' size in 64-bit words (default: this kernel's pid_max)."""
     tier = _TIER_CODE[socket_io.kind]
     if tier == NET_TIER_SYSCALL and tcp_sendmsg is None:
         raise ValueError("the syscall tier needs a tcp_sendmsg hook")
@@ -89,6 +104,7 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
         f"-DNET_TIER={tier}",
         *([f"-DTCP_SENDMSG_HOOK={_HOOK_CODE[tcp_sendmsg.kind]}"] if tier == NET_TIER_SYSCALL else []),
         f"-DRUNQ={int(run_queue)}",
+        f"-DPID_WORDS={pid_words or pid_bitmap_words()}",
         *([f"-DTASK_PID_OFF={task_pid_offset}"] if run_queue and task_pid_offset is not None else []),
         f"-DREAD_WAITS={int(read_waits)}",
         f"-DOUTGOING={int(outgoing)}",
@@ -260,6 +276,7 @@ class NetProbe:
         self.bins = KernelBins(self._bpf) if "-DBINS=1" in flags else None
         self._conns = self._bpf["conns"]
         self._tracked = self._bpf["tracked"]
+        self._user_bits = self._bpf["user_bits"]
         self._conn_type = self._conns.Leaf
         self._decode = decode = ExchangeDecoder(self._conn_type, name_of)
         self._copy = MapCopy(self._conns, "conns")
@@ -346,6 +363,7 @@ class NetProbe:
         return tls
 
     def track(self, tgid: int) -> None:
+        self._user_bit(tgid, True)  # first: a set bit sends the kernel's test on to the hash
         self._tracked[ct.c_uint(tgid)] = ct.c_ubyte(1)
 
     def select_ports(self, ports: Iterable[int]) -> None:
@@ -356,6 +374,16 @@ class NetProbe:
 
     def untrack(self, tgid: int) -> None:
         self._tracked.pop(ct.c_uint(tgid), None)
+        self._user_bit(tgid, False)
+
+    def _user_bit(self, tgid: int, on: bool) -> None:
+        """tgid's bit in user_bits (bpf/net.c): only this thread writes it."""
+        word, bit = divmod(tgid, 64)
+        if word >= self._user_bits.max_entries:
+            return
+        key = ct.c_int(word)
+        value = self._user_bits[key].value
+        self._user_bits[key] = ct.c_ulonglong(value | 1 << bit if on else value & ~(1 << bit))
 
     def seed(self, tgid: int, fd: int, comm: str, local: Endpoint, peer: Endpoint) -> None:
         """Track a connection that was accepted before the agent started."""

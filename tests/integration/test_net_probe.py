@@ -15,7 +15,7 @@ import pytest
 
 from sitsprobe import procs
 from sitsprobe.probes import capability, net_plan, probe_aside
-from sitsprobe.probes.net import ST_READING, ST_RESPONDING, NetProbe, cflags
+from sitsprobe.probes.net import ST_READING, ST_RESPONDING, NetProbe, cflags, pid_bitmap_words
 
 from .conftest import Server, require_root, wait_until
 from .test_net import Client
@@ -27,7 +27,7 @@ from .test_net import Client
 TIERS = {"socket": ("socket", True), "socket-syscall-conns": ("socket", False), "syscall": ("syscall", False)}
 
 
-def make_probe(tier: str, by_state: bool, max_connections: int = 1024) -> NetProbe:
+def make_probe(tier: str, by_state: bool, max_connections: int = 1024, pid_words: int | None = None) -> NetProbe:
     require_root()
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) is not importable")
     plan = capability.plan(capability.probe_all(), socket_hooks=tier)["net"]
@@ -39,7 +39,7 @@ def make_probe(tier: str, by_state: bool, max_connections: int = 1024) -> NetPro
     seen = []
     p = NetProbe(cflags(request_bytes=256, response_bytes=64, max_connections=max_connections,
                         ring_buffer_mib=1, socket_io=plan["socket_io"], tcp_sendmsg=plan.get("tcp_sendmsg"),
-                        sock_offsets=offsets),
+                        sock_offsets=offsets, pid_words=pid_words),
                  seen.append, lambda _notice: None)
     p.seen = seen
     return p
@@ -398,3 +398,34 @@ def test_tls_programs_that_cannot_load_say_why_and_the_rest_still_traces(process
     finally:
         p.close()
     assert os.listdir(not_bpffs) == []  # nothing of the attempt stays
+
+
+@pytest.mark.parametrize("pid_words", [None, 1], ids=["pid-in-bitmap", "pid-past-bitmap"])
+def test_tracking_follows_track_and_untrack_whether_the_bitmap_covers_the_pid(pid_words):
+    """The kernel's first test of a call is a bitmap of tracked pids, as long
+    as pid_max; a pid past it (pid_max raised after the start; here, a
+    bitmap of 64 pids) asks the hash. Either way a process is traced from
+    track() and not after untrack()."""
+    p = make_probe("socket", True, pid_words=pid_words)
+    server = Server(None)
+    try:
+        assert (server.pid // 64 < (pid_words or pid_bitmap_words())) == (pid_words is None)  # the case named
+
+        def get(path: str) -> None:  # a connection each: one accepted while tracked is followed
+            c = Client(server.port)
+            c.request("GET", path)
+            c.close()
+
+        get("/before")
+        p.track(server.pid)
+        get("/tracked")
+        wait_until(lambda: b"/tracked" in _paths(p), 10, "the request once tracked")
+        p.untrack(server.pid)
+        get("/untracked")
+        p.track(server.pid)
+        get("/again")
+        wait_until(lambda: b"/again" in _paths(p), 10, "the request once tracked again")
+        assert sorted(_paths(p)) == [b"/again", b"/tracked"]
+    finally:
+        server.stop()
+        p.close()

@@ -8,7 +8,7 @@ import struct
 
 from sitsprobe.probes import hooks, net_plan
 from sitsprobe.probes.btf import BTF_MAGIC
-from sitsprobe.probes.net import cflags
+from sitsprobe.probes.net import cflags, pid_bitmap_words
 
 KERNEL = {"sock": [("__sk_common", 0), ("sk_type", 534)], "sock_common": [("skc_family", 16)],
           "unix_sock": [("sk", 0), ("addr", 784)]}
@@ -70,3 +70,19 @@ def test_the_offsets_reach_net_c_on_the_socket_tier_only():
     assert {"-DSOCK_FAMILY_OFF=16", "-DSOCK_TYPE_OFF=534", "-DUNIX_ADDR_OFF=784"} <= set(sock)
     syscall = cflags(socket_io=hooks.SYSCALL_TIER, tcp_sendmsg=hooks.NET_POINTS["tcp_sendmsg"][2], **base)
     assert not any(f.startswith(("-DSOCK_", "-DUNIX_")) for f in syscall)
+
+
+def test_the_tracked_process_bitmaps_cover_pid_max(tmp_path):
+    """net.c's bitmaps of tracked processes are as long as pid_max, in words
+    of 64 pids: Debian's default 32768, systemd's 4194304 (the 64-bit limit),
+    an odd one rounded up; where pid_max cannot be read, the limit."""
+    pid_max = tmp_path / "pid_max"
+    for text, words in (("32768\n", 512), ("4194304\n", 65536), ("100\n", 2), ("64\n", 1)):
+        pid_max.write_text(text)
+        assert pid_bitmap_words(str(pid_max)) == words, text
+    pid_max.write_text("not a number\n")
+    assert pid_bitmap_words(str(pid_max)) == 65536
+    assert pid_bitmap_words(str(tmp_path / "missing")) == 65536
+    flags = cflags(socket_io=hooks.SOCKET_TIER, request_bytes=256, response_bytes=64, max_connections=64,
+                   ring_buffer_mib=1, pid_words=3)
+    assert "-DPID_WORDS=3" in flags
