@@ -265,13 +265,13 @@ class NetProbe:
 
         self._lib = lib
         self._flags = flags
+        self.socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
         self._bpf = compiled if compiled is not None else compile_net(flags)
         try:
-            self._attach(flags)
+            self._attach()
         except BaseException:  # nothing of it stays: its exported maps would shadow the next one's
             side_by_side.close(self._bpf)
             raise
-        self.socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
         self.tls = TlsHooks(self._bpf["tls_procs"], self._load_tls)
         self.bins = KernelBins(self._bpf) if "-DBINS=1" in flags else None
         self._conns = self._bpf["conns"]
@@ -322,20 +322,19 @@ class NetProbe:
         self._notice_map.open_ring_buffer(notice_cb)
         self._bpf["streams"].open_ring_buffer(chunk_cb)
 
-    def _attach(self, flags: list[str]) -> None:
+    def _attach(self) -> None:
         """Load the kernel's programs (verified side by side) and put them on."""
         from bcc import BPF
-        from bcc.libbcc import lib
 
-        socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
         # tail-called, never attached; each of the type of the programs that call it
-        caller = BPF.RAW_TRACEPOINT if socket_tier else BPF.TRACEPOINT
-        tails = (*TAILS, b"find_shape") if "-DBINS=1" in flags else TAILS
-        exits = [fn for fn in SHARED_EXITS if lib.bpf_function_start(self._bpf.module, fn)]
-        loaded = side_by_side.load(self._bpf, (*tails, b"sock_io") if socket_tier else (*tails, *exits), caller)
+        caller = BPF.RAW_TRACEPOINT if self.socket_tier else BPF.TRACEPOINT
+        tails = (*TAILS, b"find_shape") if "-DBINS=1" in self._flags else TAILS
+        exits = [fn for fn in SHARED_EXITS if self._lib.bpf_function_start(self._bpf.module, fn)]
+        loaded = side_by_side.load(self._bpf, (*tails, b"sock_io") if self.socket_tier else (*tails, *exits),
+                                   caller)
         for i, fn in enumerate(loaded[:len(tails)]):
             self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(fn.fd)
-        if socket_tier:
+        if self.socket_tier:
             for tp in (b"sock_send_length", b"sock_recv_length"):  # one program, both ways
                 self._bpf.attach_raw_tracepoint(tp=tp, fn_name=b"sock_io")
         for fn in exits:
