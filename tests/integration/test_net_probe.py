@@ -367,7 +367,8 @@ def test_the_tls_programs_are_on_their_net_programs_maps_with_others_made_and_fr
         other.close()
 
 
-def test_tls_programs_that_cannot_load_say_why_and_the_rest_still_traces(processes, monkeypatch, tmp_path):
+def test_tls_programs_that_cannot_load_say_why_and_the_rest_still_traces(processes, monkeypatch, tmp_path,
+                                                                        caplog):
     """The TLS compile needs the BPF file system to pin the net program's
     maps in: where it cannot, the process that waited is told why, once,
     and the socket probes carry on."""
@@ -385,7 +386,8 @@ def test_tls_programs_that_cannot_load_say_why_and_the_rest_still_traces(process
         assert p.tls.programs.startswith("the TLS programs did not load: "), p.tls.programs
         assert ssl in p.tls.failed and ssl not in p.tls.covered
         assert f"pins need a BPF file system mounted at {not_bpffs}" in p.tls.failed[ssl], p.tls.failed[ssl]
-        assert p.tls.attach(ssl) is None  # said once; not tried again
+        p.tls.attach(ssl)  # asked again, as every rescan does: said once
+        assert sum("the TLS programs did not load" in r.getMessage() for r in caplog.records) == 1
         server = Server(None)  # plaintext is still framed
         try:
             p.track(server.pid)
