@@ -1889,67 +1889,105 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 /* Run-queue wait of tracked processes' threads: from a thread becoming
  * runnable (woken, or preempted while running) to it running again, summed
  * per thread. An exchange takes the growth of its serving thread's (the one
- * that read the request, while it is the one writing the response). */
-BPF_TABLE("lru_hash", __u32, __u32, threads, 16384); /* tid -> tgid: tracked threads seen running */
-BPF_HASH(runnable, __u32, __u64, 16384);              /* tid -> since when it waits to run */
+ * that read the request, while it is the one writing the response). These
+ * hooks fire on every context switch and wake-up of the node: an untracked
+ * thread must cost as little as a call of an untracked process in sock_io. */
+BPF_HASH(runnable, __u32, __u64, 16384); /* tid -> since when it waits to run */
+
+#ifdef TASK_PID_OFF
+/* Raw tracepoints (a fraction of a perf-event tracepoint's cost): their
+ * arguments are task pointers, and a task's pid and tgid sit at
+ * TASK_PID_OFF and TASK_TGID_OFF, read from the running kernel's BTF
+ * (probes/net_plan.py), not from headers that may be another kernel's. So
+ * whether a woken or next thread is tracked is its process's bit
+ * (is_tracked). A thread still in `runnable` when its process is untracked
+ * is taken out by userspace (NetProbe.untrack). */
+struct task_ids {
+    __u32 pid, tgid;
+};
+
+static __always_inline struct task_ids ids_of(__u64 task)
+{
+    struct task_ids t = {};
+#if TASK_TGID_OFF == TASK_PID_OFF + 4
+    bpf_probe_read_kernel(&t, sizeof(t), (void *)(task + TASK_PID_OFF));
+#else
+    bpf_probe_read_kernel(&t.pid, sizeof(t.pid), (void *)(task + TASK_PID_OFF));
+    bpf_probe_read_kernel(&t.tgid, sizeof(t.tgid), (void *)(task + TASK_TGID_OFF));
+#endif
+    return t;
+}
+static __always_inline int waits_to_run(struct task_ids t) { return is_tracked(t.tgid); }
+#else
+/* The perf-event tracepoints give a thread's id only: tracked threads are
+ * those seen leaving a CPU while their process was tracked. */
+BPF_TABLE("lru_hash", __u32, __u32, threads, 16384); /* tid -> tgid */
+struct task_ids {
+    __u32 pid;
+};
+static __always_inline int waits_to_run(struct task_ids t) { return threads.lookup(&t.pid) != NULL; }
+#endif
 
 /* The current thread leaves the CPU (still runnable, or not) and `next` takes it. */
-static __always_inline int on_switch(__u32 next, int runnable_still)
+static __always_inline int on_switch(struct task_ids next, int runnable_still)
 {
-    __u64 id = bpf_get_current_pid_tgid(), now = 0; /* the clock only when needed: every switch of the node comes here */
+    __u64 id = bpf_get_current_pid_tgid(), now = 0; /* the clock only when needed */
     __u32 tgid = id >> 32, tid = id;
     if (tid && is_tracked(tgid)) {
+#ifndef TASK_PID_OFF
         if (!threads.lookup(&tid))
             threads.update(&tid, &tgid);
+#endif
         if (runnable_still) {
             now = bpf_ktime_get_ns();
             runnable.update(&tid, &now);
         }
     }
-    __u64 *since = runnable.lookup(&next);
+#ifdef TASK_PID_OFF
+    if (!is_tracked(next.tgid))
+        return 0;
+#endif
+    __u64 *since = runnable.lookup(&next.pid);
     if (!since)
         return 0;
     __u64 waited = (now ? now : bpf_ktime_get_ns()) - *since;
-    runnable.delete(&next); /* only tracked threads are ever in it */
-    __u64 *total = runq.lookup(&next);
+    runnable.delete(&next.pid);
+    __u64 *total = runq.lookup(&next.pid);
     if (total)
         __sync_fetch_and_add(total, waited);
     else
-        runq.update(&next, &waited);
+        runq.update(&next.pid, &waited);
     return 0;
 }
 
-static __always_inline int on_wakeup(__u32 tid)
+static __always_inline int on_wakeup(struct task_ids woken)
 {
-    if (!threads.lookup(&tid))
+    if (!waits_to_run(woken))
         return 0;
     __u64 now = bpf_ktime_get_ns();
-    runnable.update(&tid, &now);
+    runnable.update(&woken.pid, &now);
     return 0;
 }
 
 #ifdef TASK_PID_OFF
-/* Raw tracepoints (a fraction of a perf-event tracepoint's cost on every
- * context switch of the node): their arguments are task pointers, and a
- * task's pid sits at TASK_PID_OFF, read from the running kernel's BTF
- * (probes/btf.py), not from headers that may be another kernel's. */
-static __always_inline __u32 pid_of(__u64 task)
-{
-    __u32 pid = 0;
-    bpf_probe_read_kernel(&pid, sizeof(pid), (void *)(task + TASK_PID_OFF));
-    return pid;
-}
-
 /* (bool preempt, struct task_struct *prev, *next, unsigned int prev_state): 5.18+ */
 RAW_TRACEPOINT_PROBE(sched_switch)
 {
-    return on_switch(pid_of(ctx->args[2]), (ctx->args[0] & 1) || (__u32)ctx->args[3] == 0);
+    return on_switch(ids_of(ctx->args[2]), (ctx->args[0] & 1) || (__u32)ctx->args[3] == 0);
 }
-RAW_TRACEPOINT_PROBE(sched_wakeup) { return on_wakeup(pid_of(ctx->args[0])); }
+RAW_TRACEPOINT_PROBE(sched_wakeup) { return on_wakeup(ids_of(ctx->args[0])); }
 #else
 /* TASK_RUNNING, or preempted (reported as TASK_REPORT_MAX): still runnable */
-TRACEPOINT_PROBE(sched, sched_switch) { return on_switch(args->next_pid, (args->prev_state & 0xff) == 0); }
-TRACEPOINT_PROBE(sched, sched_wakeup) { return on_wakeup(args->pid); }
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+    struct task_ids next = {.pid = args->next_pid};
+    return on_switch(next, (args->prev_state & 0xff) == 0);
+}
+TRACEPOINT_PROBE(sched, sched_wakeup)
+{
+    struct task_ids woken = {.pid = args->pid};
+    return on_wakeup(woken);
+}
 #endif
 #endif
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes as ct
+import os
 import socket
 import struct
 import time
@@ -74,7 +75,7 @@ def pid_bitmap_words(path: str = "/proc/sys/kernel/pid_max") -> int:
 
 def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
            ring_buffer_mib: int, socket_io: Hook, tcp_sendmsg: Hook | None = None,
-           run_queue: bool = True, task_pid_offset: int | None = None, read_waits: bool = True,
+           run_queue: bool = True, task_offsets: tuple[int, int] | None = None, read_waits: bool = True,
            outgoing: bool = True, stream_bytes: int = 4096,
            genai: bool = True, body_bytes: int = 512,
            tail_bytes: int = 512, write_peek_bytes: int = 384, max_writes: int = 4096,
@@ -83,8 +84,8 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
     """Load-time settings as -D constants (never string templating).
     ``socket_io`` is the tier chosen for the bytes of socket calls
     (hooks.SOCKET_TIER or SYSCALL_TIER); ``tcp_sendmsg`` matters on the
-    syscall tier only. With ``task_pid_offset`` (struct task_struct's pid,
-    from the kernel's BTF), the run-queue hooks are raw tracepoints. ``bins``:
+    syscall tier only. With ``task_offsets`` (struct task_struct's pid and
+    tgid, from the kernel's BTF), the run-queue hooks are raw tracepoints. ``bins``:
     in-kernel counting's own constants (probes.bins.bin_flags); none: no such counting.
     ``sock_offsets`` (struct sock's family and type, struct unix_sock's addr,
     from the kernel's BTF) on
@@ -105,7 +106,8 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
         *([f"-DTCP_SENDMSG_HOOK={_HOOK_CODE[tcp_sendmsg.kind]}"] if tier == NET_TIER_SYSCALL else []),
         f"-DRUNQ={int(run_queue)}",
         f"-DPID_WORDS={pid_words or pid_bitmap_words()}",
-        *([f"-DTASK_PID_OFF={task_pid_offset}"] if run_queue and task_pid_offset is not None else []),
+        *([f"-DTASK_PID_OFF={task_offsets[0]}", f"-DTASK_TGID_OFF={task_offsets[1]}"]
+          if run_queue and task_offsets is not None else []),
         f"-DREAD_WAITS={int(read_waits)}",
         f"-DOUTGOING={int(outgoing)}",
         f"-DCHUNK_CAP={stream_bytes}",
@@ -259,8 +261,10 @@ class NetProbe:
                  on_notice: Callable[[ProcessNotice], None],
                  name_of: Callable[[int, str], str] | None = None,
                  on_beat: Callable[[Beat], None] = lambda _beat: None,
-                 on_chunk: Callable[[Chunk], None] = lambda _chunk: None, compiled=None):
-        """compiled: compile_net(flags), already made (probes.ahead)."""
+                 on_chunk: Callable[[Chunk], None] = lambda _chunk: None, compiled=None,
+                 proc: str = "/proc"):
+        """compiled: compile_net(flags), already made (probes.ahead); proc:
+        where an untracked process's threads are listed."""
         from bcc.libbcc import lib  # the probes layer is the only one that imports bcc
 
         self._lib = lib
@@ -277,6 +281,8 @@ class NetProbe:
         self._conns = self._bpf["conns"]
         self._tracked = self._bpf["tracked"]
         self._user_bits = self._bpf["user_bits"]
+        self._runnable = self._bpf["runnable"] if "-DRUNQ=1" in flags else None
+        self._proc = proc
         self._conn_type = self._conns.Leaf
         self._decode = decode = ExchangeDecoder(self._conn_type, name_of)
         self._copy = MapCopy(self._conns, "conns")
@@ -374,6 +380,24 @@ class NetProbe:
     def untrack(self, tgid: int) -> None:
         self._tracked.pop(ct.c_uint(tgid), None)
         self._user_bit(tgid, False)
+        self._forget_waits(tgid)
+
+    def _forget_waits(self, tgid: int) -> None:
+        """Take tgid's threads out of the kernel's `runnable` (bpf/net.c): on
+        the raw run-queue hooks the kernel takes a thread out as it runs only
+        while its process is tracked, so one that was waiting to run as it
+        was untracked would stay, and hand its wait to a later thread of a
+        traced process given its id. A process that is gone has none there:
+        each of its threads ran to its exit while it was tracked."""
+        if self._runnable is None:
+            return
+        try:
+            tids = os.listdir(f"{self._proc}/{tgid}/task")
+        except OSError:
+            return
+        for tid in tids:
+            if tid.isdigit():
+                self._runnable.pop(ct.c_uint(int(tid)), None)
 
     def _user_bit(self, tgid: int, on: bool) -> None:
         """tgid's bit in user_bits (bpf/net.c): only this thread writes it."""

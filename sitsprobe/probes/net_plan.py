@@ -86,12 +86,12 @@ def _plan(config: Config, caps: dict[str, capability.Capability], say: bool) -> 
         raise SitsprobeError("no hook for tcp_sendmsg on this kernel (see `sitsprobe doctor`)")
     if say:
         log.info("socket calls read through %s%s", io_hook, "" if wanted == "auto" else f" (socket_hooks: {wanted})")
-    run_queue, pid_offset = _run_queue(config, plan, say)
+    run_queue, task_offsets = _run_queue(config, plan, say)
     sock_offsets = follow_connections(plan, say)
     cap, stitch = config.capture, config.stitch
     flags = cflags(request_bytes=cap.request_bytes, response_bytes=cap.response_bytes,
                    max_connections=stitch.max_connections, ring_buffer_mib=config.ring_buffer_mib,
-                   socket_io=io_hook, tcp_sendmsg=tcp_hook, run_queue=run_queue, task_pid_offset=pid_offset,
+                   socket_io=io_hook, tcp_sendmsg=tcp_hook, run_queue=run_queue, task_offsets=task_offsets,
                    read_waits=stitch.read_waits, outgoing=stitch.outgoing, stream_bytes=cap.stream_bytes,
                    genai=cap.genai, body_bytes=cap.body_bytes, tail_bytes=cap.tail_bytes,
                    write_peek_bytes=cap.write_peek_bytes, max_writes=cap.max_writes,
@@ -144,10 +144,22 @@ def follow_connections(plan: dict, say: bool = False,
     return offsets
 
 
-def _run_queue(config: Config, plan: dict, say: bool) -> tuple[bool, int | None]:
-    """Whether the run-queue hooks go on (stitch.run_queue), and the pid
-    offset in struct task_struct that makes them raw tracepoints (from the
-    kernel's BTF); the plan is told what the hooks are, and the log if ``say``."""
+_TASK_IDS = (("task_struct", "pid"), ("task_struct", "tgid"))
+
+
+def task_offsets(path: str = VMLINUX_BTF) -> tuple[int, int] | None:
+    """Where struct task_struct's pid and tgid sit, from the kernel's BTF at
+    ``path``: what the raw run-queue tracepoints read of the tasks they are
+    given. None where the BTF lacks either."""
+    found = btf.member_offsets(_TASK_IDS, path)
+    pid, tgid = (found[m] for m in _TASK_IDS)
+    return None if pid is None or tgid is None else (pid, tgid)
+
+
+def _run_queue(config: Config, plan: dict, say: bool) -> tuple[bool, tuple[int, int] | None]:
+    """Whether the run-queue hooks go on (stitch.run_queue), and the pid and
+    tgid offsets in struct task_struct that make them raw tracepoints (from
+    the kernel's BTF); the plan is told what the hooks are, and the log if ``say``."""
     def tell(level: int, *args) -> None:
         if say:
             log.log(level, *args)
@@ -155,12 +167,12 @@ def _run_queue(config: Config, plan: dict, say: bool) -> tuple[bool, int | None]
     if not config.stitch.run_queue:
         return False, None
     if plan["run_queue"] is not None and plan["run_queue"].kind == hooks.RAW_TRACEPOINT:
-        offset = btf.member_offset("task_struct", "pid")
-        if offset is not None:
+        offsets = task_offsets()
+        if offsets is not None:
             plan.pop("run_queue_wakeup", None)  # the raw pair is one point
             tell(logging.INFO, "run queue timed through %s", plan["run_queue"])
-            return True, offset
-        tell(logging.INFO, "run_queue: no task_struct.pid in the kernel's BTF; "
+            return True, offsets
+        tell(logging.INFO, "run_queue: no task_struct.pid or .tgid in the kernel's BTF; "
              "using tracepoint sched:sched_switch")
         plan["run_queue"] = hooks.Hook(hooks.TRACEPOINT, "sched:sched_switch")
     if plan["run_queue"] and plan["run_queue_wakeup"]:

@@ -27,7 +27,8 @@ from .test_net import Client
 TIERS = {"socket": ("socket", True), "socket-syscall-conns": ("socket", False), "syscall": ("syscall", False)}
 
 
-def make_probe(tier: str, by_state: bool, max_connections: int = 1024, pid_words: int | None = None) -> NetProbe:
+def make_probe(tier: str, by_state: bool, max_connections: int = 1024, pid_words: int | None = None,
+               task_offsets: tuple[int, int] | None = None) -> NetProbe:
     require_root()
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) is not importable")
     plan = capability.plan(capability.probe_all(), socket_hooks=tier)["net"]
@@ -39,7 +40,7 @@ def make_probe(tier: str, by_state: bool, max_connections: int = 1024, pid_words
     seen = []
     p = NetProbe(cflags(request_bytes=256, response_bytes=64, max_connections=max_connections,
                         ring_buffer_mib=1, socket_io=plan["socket_io"], tcp_sendmsg=plan.get("tcp_sendmsg"),
-                        sock_offsets=offsets, pid_words=pid_words),
+                        sock_offsets=offsets, pid_words=pid_words, task_offsets=task_offsets),
                  seen.append, lambda _notice: None)
     p.seen = seen
     return p
@@ -430,4 +431,46 @@ def test_tracking_follows_track_and_untrack_whether_the_bitmap_covers_the_pid(pi
         assert sorted(_paths(p)) == [b"/again", b"/tracked"]
     finally:
         server.stop()
+        p.close()
+
+
+SPIN = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); print(flush=True)\nwhile True: pass"
+
+
+def test_a_thread_waiting_to_run_as_its_process_is_untracked_leaves_no_wait_behind():
+    """On the raw run-queue hooks the kernel asks the woken or next thread's
+    process (its bit) before it looks for the thread in `runnable`, so it
+    takes a thread out as it runs only while its process is tracked. A
+    traced process spinning on one CPU beside two others is preempted again
+    and again: its thread waits to run most of the time. Untracked at such a
+    moment, none of its threads stays in `runnable`, where a later traced
+    thread given its id would take its wait."""
+    offsets = net_plan.task_offsets()
+    if offsets is None:
+        pytest.skip("the kernel's BTF has no task_struct pid or tgid")
+    p = make_probe("socket", True, task_offsets=offsets)
+    cpu = max(os.sched_getaffinity(0))
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN, str(cpu)], stdout=subprocess.PIPE) for _ in range(3)]
+    try:
+        for s in spinners:
+            s.stdout.readline()
+        traced = spinners[0].pid
+        runnable, runq = p._bpf["runnable"], p._bpf["runq"]
+
+        def waiting() -> set[int]:
+            return {k.value for k in runnable.keys()} & {int(t) for t in os.listdir(f"/proc/{traced}/task")}
+
+        assert not waiting()
+        for _ in range(5):  # each time, a third of a chance that it was running as it was untracked
+            p.track(traced)
+            wait_until(waiting, 5, "the traced thread to wait for its CPU")
+            p.untrack(traced)
+            time.sleep(0.05)
+            assert not waiting()
+        assert runq[runq.Key(traced)].value > 0  # its waits were counted while it was traced
+        assert {k.value for k in runq.keys()} <= {traced}  # and no other's
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()
         p.close()
