@@ -85,7 +85,8 @@ class Agent:
         self._gpu_backend = gpu_backend
         self._net_ahead = net_ahead
         self.selector = selector_of(config)
-        self._listen_memo = procs.ListenMemo()
+        self._scan = procs.Rescan(self.selector, memo=procs.ListenMemo())
+        self._notices_lost = 0
         if self.selector.empty():
             raise SitsprobeError(
                 "nothing to trace: give --pid, --comm, --cmdline or --port, or a --cache-probe "
@@ -472,7 +473,10 @@ class Agent:
         return rows
 
     def _rescan(self) -> None:
-        found = procs.select(self.selector, known=self.tracked, memo=self._listen_memo)
+        if (lost := self.probe.notices_lost()) != self._notices_lost:  # an exec unheard of
+            self._notices_lost = lost
+            self._scan.read_all()
+        found = self._scan(known=self.tracked)
         for pid, info in found.items():
             if pid not in self.tracked:
                 self._track(info, tls=False)  # below, after the other probes' compiles
@@ -535,6 +539,8 @@ class Agent:
         if n.kind == "exit":
             self._retire(n.tgid)
             return
+        if n.kind == "exec":
+            self._scan.fresh(n.tgid)  # a new program may yet rename itself as it starts
         info = procs.read_info(n.tgid)
         if n.tgid not in self.tracked:
             if info is not None and (n.kind == "listen" or self.selector.matches(info)):

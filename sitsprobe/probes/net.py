@@ -12,9 +12,9 @@ from importlib import resources
 from operator import itemgetter
 from pathlib import Path
 
-from ..abi import (CF_BODY, CF_SEEDED, CF_TCP, CF_TUPLE, END_FLUSH, N_EXEC, N_LISTEN, NET_COUNTERS as COUNTERS,
-                   NET_TIER_SOCK, NET_TIER_SYSCALL, ST_IDLE, ST_READING, ST_RESPONDING, TCP_SENDMSG_FENTRY,
-                   TCP_SENDMSG_KPROBE, TCP_SENDMSG_TRACEPOINT)
+from ..abi import (C_NOTICES_LOST, CF_BODY, CF_SEEDED, CF_TCP, CF_TUPLE, END_FLUSH, N_EXEC, N_LISTEN,
+                   NET_COUNTERS as COUNTERS, NET_TIER_SOCK, NET_TIER_SYSCALL, ST_IDLE, ST_READING,
+                   ST_RESPONDING, TCP_SENDMSG_FENTRY, TCP_SENDMSG_KPROBE, TCP_SENDMSG_TRACEPOINT)
 from ..procs import BlockedRead
 from ..events import Beat, Chunk, Exchange, ProcessNotice
 from ..request import Endpoint, Payload, Write
@@ -532,6 +532,10 @@ class NetProbe:
     def counters(self) -> dict[str, int]:
         table = self._bpf["counters"]
         return {name: sum(table[ct.c_int(i)]) for i, name in enumerate(COUNTERS)}
+
+    def notices_lost(self) -> int:
+        """Process notices (exec, exit, listen) the kernel could not send: its ring was full."""
+        return sum(self._bpf["counters"][ct.c_int(C_NOTICES_LOST)])
 
     def take_counts(self, tgid: int) -> tuple[dict[int, int], int]:
         """A dead process's final kernel counts, removed from the maps:

@@ -332,6 +332,34 @@ def test_a_traced_process_that_execs_into_an_unselected_program_is_let_go(agent)
         proc.wait()
 
 
+def test_a_process_that_execs_and_then_renames_itself_is_found_by_its_new_name(tmp_path):
+    """A rescan reads a process it found unselected only while it is young,
+    or young again: it exec'd. A shell that was there before the agent
+    (found unselected, old, passed over) execs a program that renames itself
+    a second later (prctl, as servers' setproctitle does): the agent, told of
+    the exec by the kernel, reads it again and finds it by its new name."""
+    import subprocess
+    import sys
+
+    from .conftest import require_root, running_agent
+
+    require_root()
+    rename = ("import ctypes, time; time.sleep(1); "
+              "ctypes.CDLL(None).prctl(15, b'sp-renamed', 0, 0, 0); time.sleep(60)")
+    proc = subprocess.Popen(["sh", "-c", f'read line; exec {sys.executable} -c "{rename}"'],
+                            stdin=subprocess.PIPE, text=True)
+    try:
+        with running_agent(tmp_path, {"comms": ["sp-renamed"], "cmdline": []}, {}, {}) as agent:
+            time.sleep(0.5)  # a few rescans: the shell is passed over by now
+            assert not agent.tracks(proc.pid)
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            wait_until(lambda: agent.tracks(proc.pid), 10, "the agent to find the renamed process")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_server_restarted_on_a_selected_port_is_traced_from_its_first_request(tmp_path):
     """--port with a rescan a minute away: the kernel sees the listen() on the
     port and tracks the process there and then, so the requests sent the

@@ -1,6 +1,7 @@
 import os
 import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -244,3 +245,45 @@ def test_names_keep_the_traced_and_the_last_few_that_exited():
     assert names == {2: "again", 3: "p3", 4: "p4"}
     names.retire(2)
     assert names == {4: "p4", 2: "again"}
+
+
+def test_rescan_reads_the_traced_and_the_young_and_everything_now_and_then(proc, monkeypatch):
+    """What an idle node pays for the agent: a rescan reads the traced
+    processes (a rename changes their name) and those it first found
+    unselected less than settle_s ago (a program renames itself as it
+    starts); the rest only at the next full scan, or when the agent asks
+    (a notice the kernel lost), or once one execs."""
+    now = [0.0]
+    reads = []
+    real = procs._comm
+    monkeypatch.setattr(procs, "_comm", lambda pid, p: reads.append(pid) or real(pid, p))
+    scan = procs.Rescan(Selector(comms=("nginx",)), proc, settle_s=10, full_every_s=30, clock=lambda: now[0])
+
+    def read(known=(), dt=1.0):
+        reads.clear()
+        now[0] += dt
+        found = scan(known)
+        return sorted(found), sorted(set(reads))
+
+    assert read(dt=0) == ([100], [2, 100, 200, 300, 400, 500])  # the first scan is a full one
+    assert read({100}) == ([100], [100])  # what it found is old: only the traced one
+    make_proc(Path(proc), 600, "python3", b"python3\0server.py\0")  # started ...
+    assert read({100}) == ([100], [100, 600])
+    with open(f"{proc}/600/comm", "w") as f:
+        f.write("nginx\n")  # ... and renamed itself as it started
+    with open(f"{proc}/200/comm", "w") as f:
+        f.write("nginx\n")  # an old one renamed itself too
+    assert read({100}) == ([100, 600], [100, 600])  # 200 not yet
+    scan.fresh(300)  # 300 exec'd: young again
+    assert read({100, 600}) == ([100, 600], [100, 300, 600])
+    shutil.rmtree(f"{proc}/300")  # exited: forgotten
+    assert read({100, 600}) == ([100, 600], [100, 600])
+    assert 300 not in scan.unselected
+    make_proc(Path(proc), 700, "sleep", b"sleep\0999\0")
+    assert read({100, 600}) == ([100, 600], [100, 600, 700])
+    assert read({100, 600}, dt=9) == ([100, 600], [100, 600, 700])  # young for 10 s
+    assert read({100, 600}) == ([100, 600], [100, 600])  # then passed over
+    assert read({100, 600}, dt=30) == ([100, 200, 600], [2, 100, 200, 400, 500, 600, 700])  # the full scan
+    assert read({100, 200, 600}) == ([100, 200, 600], [100, 200, 600])  # no one young: the full scan kept their age
+    scan.read_all()  # asked for: everything again, at once
+    assert read({100, 200, 600}, dt=0)[1] == [2, 100, 200, 400, 500, 600, 700]
