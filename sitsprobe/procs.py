@@ -338,9 +338,8 @@ class Rescan:
     mostly as it starts. So a process found unselected is read at every scan
     for its first ``settle_s`` (from when a scan first saw it, or its exec;
     those the first scan finds are old already), then passed over; every
-    ``full_every_s`` all are read again. The
-    processes in ``known`` (traced) are read each time: a rename changes the
-    name their requests carry.
+    ``full_every_s`` all are read again. The processes in ``known`` (traced)
+    are read each time: a rename changes the name their requests carry.
 
     What it saves is what every node pays for the agent while nothing
     happens: a whole scan reads a file or two of every process on the node
