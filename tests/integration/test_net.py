@@ -332,6 +332,32 @@ def test_a_traced_process_that_execs_into_an_unselected_program_is_let_go(agent)
         proc.wait()
 
 
+def test_workers_nginx_forks_on_a_reload_are_found_and_counted_as_nginx_logs_them(agent, tmp_path):
+    """nginx reloaded (SIGHUP) forks new workers and execs nothing: no exec
+    notice tells the agent, and the rescan, which reads only processes new
+    since its last look, finds them. What the kernel then counts for the new
+    worker equals the lines nginx's own access log wrote."""
+    import signal
+
+    from .conftest import Nginx, children
+
+    log = tmp_path / "counted.log"
+    counted = f'location /counted/ {{ access_log {log}; return 200 "counted\\n"; }}'
+    with Nginx(agent, tmp_path / "nginx", locations=counted) as nginx:
+        old = set(nginx.workers)
+        nginx.proc.send_signal(signal.SIGHUP)
+        new = wait_until(lambda: [p for p in children(nginx.pid) if p not in old] or None, 10,
+                         "nginx's new worker")
+        wait_until(lambda: all(agent.tracks(p) for p in new), 10, "the agent to track the new worker")
+        wait_until(lambda: not set(children(nginx.pid)) & old, 10, "the old worker to leave")
+        for i in range(7):
+            Client(nginx.port).request("GET", f"/counted/{i}", keep_alive=False)
+        lines = wait_until(lambda: len(log.read_text().splitlines()) == 7 or None, 10, "nginx's log")
+        assert lines
+        wait_until(lambda: sum(agent.metric("sitsprobe_http_server_requests_total", pid=p) for p in new)
+                   == len(log.read_text().splitlines()), 10, "the kernel's count of the new worker")
+
+
 def test_a_process_that_execs_and_then_renames_itself_is_found_by_its_new_name(tmp_path):
     """A rescan reads a process it found unselected only while it is young,
     or young again: it exec'd. A shell that was there before the agent

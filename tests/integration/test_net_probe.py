@@ -474,3 +474,43 @@ def test_a_thread_waiting_to_run_as_its_process_is_untracked_leaves_no_wait_behi
             s.kill()
             s.wait()
         p.close()
+
+
+def _run_delay_ns(pid: int) -> int:
+    """The kernel's own total of the time pid's thread waited on a run queue (schedstat)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[1])
+
+
+def test_the_run_queue_wait_of_a_traced_yes_equals_the_kernels_schedstat():
+    """coreutils `yes`, traced, shares one CPU with two more: the wait the raw
+    run-queue hooks sum for its thread while it is traced equals what the
+    kernel's scheduler statistics (/proc/PID/schedstat, run_delay) counted
+    over the same time, within one wait at each end."""
+    offsets = net_plan.task_offsets()
+    if offsets is None:
+        pytest.skip("the kernel's BTF has no task_struct pid or tgid")
+    if not os.path.exists("/proc/self/schedstat"):
+        pytest.skip("no /proc/PID/schedstat (CONFIG_SCHED_INFO unset)")
+    p = make_probe("socket", True, task_offsets=offsets)
+    cpu = max(os.sched_getaffinity(0))
+    yeses = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(3)]
+    try:
+        for y in yeses:
+            os.sched_setaffinity(y.pid, {cpu})
+        traced = yeses[0].pid
+        time.sleep(0.3)  # sharing the CPU already
+        p.track(traced)
+        before = _run_delay_ns(traced)
+        time.sleep(2)
+        p.untrack(traced)
+        kernel = _run_delay_ns(traced) - before
+        runq = p._bpf["runq"]
+        ours = runq[runq.Key(traced)].value
+    finally:
+        for y in yeses:
+            y.kill()
+            y.wait()
+        p.close()
+    assert kernel > 0.8e9, kernel  # two thirds of 2 s waiting: the case is the one named
+    assert abs(ours - kernel) < 0.01 * kernel + 30e6, (ours, kernel)
