@@ -8,6 +8,7 @@ Reproduce (no root, no network; about 30 s):
 
     .venv/bin/python bench/bench_pipeline.py
     .venv/bin/python bench/bench_pipeline.py --requests 20000 --repeat 7
+    .venv/bin/python bench/bench_pipeline.py --genai     # streamed chat completions
 
 The exchanges are what the kernel gave the agent for nginx serving a paced
 client's keep-alive GETs (`bench/paced_client.py`, 8 connections): the same
@@ -20,6 +21,14 @@ exporter down (the last lines written). Printed, best of --repeat runs: CPU
 per request of the agent's main thread (time.thread_time: from the exchange
 to the span handed to the sink) and of the whole process (time.process_time:
 plus the file sink's thread, which encodes and writes).
+
+--genai: streamed chat completions as bench/bench_genai.py's server writes
+them (the response head, --events content events, the final event with
+usage, [DONE] and the last chunk, each its own write), each write a Beat
+before its exchange, with the payload pieces the kernel keeps under the
+default capture settings. Every such request is read for its gen_ai.*
+meaning and remembered for `sitsprobe report`, traced or not, so this mode
+prints two lines: every request traced, and none (traces.max_per_second 1).
 """
 from __future__ import annotations
 
@@ -35,11 +44,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sitsprobe import config  # noqa: E402
-from sitsprobe.abi import CF_BINNED, CF_TCP, CF_TUPLE  # noqa: E402
+from bench.bench_genai import PATH, request_body, stream_writes  # noqa: E402
+from sitsprobe.abi import CF_BINNED, CF_BODY, CF_TCP, CF_TUPLE  # noqa: E402
 from sitsprobe.agent import Agent  # noqa: E402
-from sitsprobe.events import Exchange  # noqa: E402
+from sitsprobe.events import Beat, Exchange  # noqa: E402
 from sitsprobe.export.otlp import TraceExporter  # noqa: E402
-from sitsprobe.request import Endpoint  # noqa: E402
+from sitsprobe.request import Endpoint, Payload, Write  # noqa: E402
 
 PID, CONNS, PORT = 4242, 8, 38881
 SHAPE = 1116503485011412577  # the kernel's hash of "GET" and "/index.html"
@@ -64,10 +74,41 @@ def exchanges(n: int, start_ns: int) -> list[Exchange]:
     return out
 
 
-def run(exs: list[Exchange], traces: Path) -> tuple[float, float, int]:
-    """(main thread µs, process µs, lines written) per request for one pass."""
-    conf = config.load(None, {"select.pids": [PID], "traces.cpu_budget": 0, "traces.max_per_second": 0,
-                              "traces.file": str(traces)})
+def streamed(n: int, start_ns: int, events: int) -> list[tuple[list[Beat], Exchange]]:
+    """n streamed chat completions of CONNS keep-alive connections, 2 ms apart,
+    each with its writes 20 µs apart, cut and counted as the kernel does."""
+    body = request_body()
+    head = (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUser-Agent: wrk\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (PATH.encode(), PORT, len(body)))
+    token, final, done, last = stream_writes(events)
+    resp_head = (b"HTTP/1.1 200 OK\r\nServer: BaseHTTP/0.6 Python/3.11.7\r\n"
+                 b"Date: Fri, 04 Dec 2026 23:00:00 GMT\r\nContent-Type: text/event-stream\r\n"
+                 b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
+    writes = [resp_head, *[token] * events, final, done, last]
+    response, request = b"".join(writes), head + body
+    out = []
+    for i in range(n):
+        t = start_ns + i * 2_000_000
+        fd = 5 + i % CONNS
+        key = (PID, fd, t, 0)
+        beats = [Beat(key, Write(t + 50_000 + k * 20_000, len(w), w[:384])) for k, w in enumerate(writes)]
+        end = beats[-1].write.ts_ns
+        out.append((beats, Exchange(
+            tgid=PID, fd=fd, comm="python3", reason=1, start_ns=t, last_in_ns=t + 5_000,
+            first_out_ns=t + 50_000, last_out_ns=end, bytes_in=len(request), bytes_out=len(response),
+            flags=CF_TUPLE | CF_TCP | CF_BODY, local=Endpoint("127.0.0.1", PORT),
+            peer=Endpoint("127.0.0.1", 39290 + fd), status=200, pipeline=0, req=request[:256],
+            resp=response[:256], runq_ns=17_000,
+            payload=Payload(request_body=body[:512], request_tail=request[-512:],
+                            response_tail=response[-512:], writes_total=len(writes)))))
+    return out
+
+
+def run(exs: list, traces: Path, cap: int = 0) -> tuple[float, float, int]:
+    """(main thread µs, process µs, lines written) per request for one pass;
+    ``cap``: traces.max_per_second (0: every request traced)."""
+    conf = config.load(None, {"select.pids": [PID], "traces.cpu_budget": 0, "traces.max_per_second": cap,
+                              "traces.keep_slowest": 0, "traces.file": str(traces)})
     agent = Agent(conf)
     agent.tracked[PID] = "nginx"
     agent.probe = types.SimpleNamespace(bins=None)  # no kernel: nothing is counted there
@@ -75,6 +116,10 @@ def run(exs: list[Exchange], traces: Path) -> tuple[float, float, int]:
                                    on_cost=agent.sampler.charge)
     cpu0, main0 = time.process_time(), time.thread_time()
     for ex in exs:
+        if not isinstance(ex, Exchange):  # a stream: its writes first, as the ring has them
+            beats, ex = ex
+            for beat in beats:
+                agent.stitcher.on_beat(beat)
         agent._on_exchange(ex)
     end = time.monotonic_ns() + 10**12  # whatever the joiner still holds
     agent._send(agent.joiner.expire(end), end)
@@ -90,18 +135,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--genai", action="store_true", help="streamed chat completions instead of nginx GETs")
+    ap.add_argument("--events", type=int, default=32, help="--genai: content events a response")
     args = ap.parse_args()
-    exs = exchanges(args.requests, time.monotonic_ns())
+    git = os.popen(f"git -C {ROOT} rev-parse --short HEAD").read().strip()
+    if not args.genai:
+        print(f"git {git}; {args.requests} nginx GETs a run, best of {args.repeat}")
+        passes(exchanges(args.requests, time.monotonic_ns()), args.repeat, "every request traced")
+        return
+    print(f"git {git}; {args.requests} streamed chat completions ({args.events} content events, "
+          f"{args.events + 4} writes) a run, best of {args.repeat}")
+    exs = streamed(args.requests, time.monotonic_ns(), args.events)
+    passes(exs, args.repeat, "every request traced")
+    passes(exs, args.repeat, "none traced", cap=1)
+
+
+def passes(exs: list, repeat: int, what: str, cap: int = 0) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [run(exs, Path(tmp) / "traces.jsonl") for _ in range(args.repeat)]
+        runs = [run(exs, Path(tmp) / "traces.jsonl", cap) for _ in range(repeat)]
     spans = {s for _, _, s in runs}
-    if spans != {args.requests}:
-        sys.exit(f"expected {args.requests} spans a run, the file had {sorted(spans)}")
+    if not cap and spans != {len(exs)}:
+        sys.exit(f"expected {len(exs)} spans a run, the file had {sorted(spans)}")
     main_us, all_us = min(r[0] for r in runs), min(r[1] for r in runs)
-    print(f"git {os.popen(f'git -C {ROOT} rev-parse --short HEAD').read().strip()}; "
-          f"{args.requests} nginx GETs a run, best of {args.repeat}")
-    print(f"agent main thread: {main_us:5.1f} µs a request (exchange to span)")
-    print(f"whole process:     {all_us:5.1f} µs a request (plus encoding and writing the line)")
+    print(f"{what}:")
+    print(f"  agent main thread: {main_us:5.1f} µs a request (exchange to span)")
+    print(f"  whole process:     {all_us:5.1f} µs a request (plus encoding and writing the line)")
 
 
 if __name__ == "__main__":
