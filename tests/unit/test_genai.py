@@ -563,3 +563,62 @@ def test_the_quick_output_glance_says_what_the_regex_says():
         assert glance(data) is expect, data
         said[expect] += 1
     assert min(said.values()) > 3_000  # both answers were put to the test
+
+
+SSE_CHUNKED = ["vllm_chat_stream", "vllm_completions_stream", "tgi_generate_stream",
+               "llamacpp_completion_stream"]
+
+
+def test_a_token_a_write_is_read_in_one_pass_as_the_general_reading_reads_it():
+    """genai._chunk_each reads a chunked SSE stream whose every write is one
+    chunk of one event at once; on any bytes it either declines (None) or
+    gives the events and the end that _body and _events give, write by write.
+    Run on the fixtures as written, cut otherwise and mutated, and on a
+    stdlib server's token stream (bench_genai's)."""
+    from sitsprobe.stitch import genai as g
+    rng = random.Random(20261204)
+    cuts = [lambda p: p, coalesced, split, head_with_body, one_write]
+    agreed = {"one pass": 0, "declined": 0}
+    for case in range(4000):
+        name = rng.choice(SSE_CHUNKED)
+        parts = rng.choice(cuts)(written(name))
+        if case % 3 == 1:  # some writes mutated, some peeks short, the last chunk kept or not
+            parts = [mutate(rng, p) if rng.random() < 0.1 else p for p in parts]
+            parts = parts[:-1] if rng.random() < 0.2 else parts
+        elif case % 3 == 2:  # bytes put in a chunk's data, its size kept true
+            parts = [rechunk(rng, p) if rng.random() < 0.1 else p for p in parts]
+        r = exchange(name, parts, peek=rng.choice([None] * 8 + [64, 200]))
+        p, head = g._final_response(r.payload)
+        quick = g._chunk_each(p.writes, head)
+        if quick is None:
+            agreed["declined"] += 1
+            continue
+        pieces, ended = g._body(p, head)
+        assert quick == (g._events(pieces, "sse"), ended), (case, name, parts)
+        agreed["one pass"] += 1
+    assert min(agreed.values()) > 500  # both ways were put to the test
+
+
+def rechunk(rng: random.Random, part: bytes) -> bytes:
+    """A chunk with bytes that matter to its framing put in its data, and its size line made true."""
+    size, crlf, data = part.partition(b"\r\n")
+    if not crlf or not data.endswith(b"\r\n"):
+        return part
+    data = bytearray(data[:-2])
+    at_ = rng.randrange(len(data) + 1)
+    data[at_:at_] = rng.choice([b"\n", b"\r", b"\n\n", b"\r\n", b"data:", b" ", b"\n\n\r\n", b"0\r\n\r\n"])
+    return b"%x\r\n%s\r\n" % (len(data), bytes(data))
+
+
+def test_a_stdlib_servers_token_stream_takes_the_one_pass():
+    from bench.bench_genai import stream_writes
+    from sitsprobe.stitch import genai as g
+    token, final, done, last = stream_writes(32)
+    head = (b"HTTP/1.1 200 OK\r\nServer: BaseHTTP/0.6 Python/3.11.7\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    r = exchange("vllm_chat_stream", [head, *[token] * 32, final, done, last])
+    p, h = g._final_response(r.payload)
+    events, ended = g._chunk_each(p.writes, h)
+    assert (len(events), ended) == (34, True) and events[-1] == (at(34), b"[DONE]")
+    got = read(r)
+    assert (got.events, got.content_events, got.output_tokens, got.finish_reasons) == (33, 32, 32, ("stop",))
