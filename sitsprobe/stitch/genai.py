@@ -148,7 +148,7 @@ def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bo
     p, head = _final_response(p)
     status = head.status if head else req.status
     if (quick := _chunk_each(p.writes, head)) is not None:
-        events, chunks_ended, kind = *quick, "sse"
+        events, chunks_ended, kind = quick
     else:
         pieces, chunks_ended = _body(p, head)
         kind = _kind(head, pieces, shape, asked_stream, status)
@@ -322,27 +322,32 @@ def _dechunk(segments) -> tuple[list[_Piece], bool]:
     return out, mode == "done"
 
 
-# A write of a token, as streaming servers make it: one chunk of one SSE event
-# of one data line (HEX "\r\ndata:" DATA "\n\n\r\n")
-_CHUNK_END, _CHUNK_DATA, _HEX = b"\n\n\r\n", b"\r\ndata:", b"0123456789abcdefABCDEF"
+# A write of a token, as streaming servers make it: one chunk of one event of
+# one line, HEX, then (by kind) what comes before the line, what ends the
+# chunk, and the chunk's size less the line's: SSE's "\r\ndata:" LINE
+# "\n\n\r\n" (a size of 5 + n + 2), NDJSON's "\r\n" LINE "\n\r\n" (n + 1).
+_ONE_LINE_CHUNK = {"sse": (b"\r\ndata:", b"\n\n\r\n", 7), "ndjson": (b"\r\n", b"\n\r\n", 1)}
+_HEX = b"0123456789abcdefABCDEF"
 _LAST_CHUNK = (5, b"0\r\n\r\n")
 _SIZE_PEEK = itemgetter(1, 2)  # of a Write
 
 
 def _chunk_each(writes: tuple[Write, ...], head: ResponseHead | None
-                ) -> tuple[list[tuple[int, bytes]], bool] | None:
-    """The events of a chunked SSE response written as streaming servers
-    write it (each write after the head whole, and one chunk of one event of
-    one data line; the last chunk alone in the last write if it came), read
-    with a few passes of C over all the writes rather than a Python loop over
-    each: the same events as _body and _events make of them, and whether the
-    last chunk came; else None, and they read it."""
-    if head is None or not head.chunked or head.head_size is None or len(writes) > MAX_EVENTS \
-            or not head.headers.get("content-type", "").lower().startswith("text/event-stream"):
+                ) -> tuple[list[tuple[int, bytes]], bool, str] | None:
+    """The events of a chunked SSE or NDJSON response written as streaming
+    servers write it (each write after the head whole, and one chunk of one
+    event of one line; the last chunk alone in the last write if it came),
+    read with a few passes of C over all the writes rather than a Python loop
+    over each: the same events as _body and _events make of them, whether the
+    last chunk came, and the kind; else None, and they read it."""
+    if head is None or not head.chunked or head.head_size is None or len(writes) > MAX_EVENTS:
         return None
+    ctype = head.headers.get("content-type", "").lower()  # as _kind tells the kind
+    kind = "sse" if ctype.startswith("text/event-stream") else "ndjson" if "ndjson" in ctype else None
     w0, rest = writes[0], writes[1:]
-    if w0.size != len(w0.peek) or not rest:
+    if kind is None or w0.size != len(w0.peek) or not rest:
         return None
+    before, end, framing = _ONE_LINE_CHUNK[kind]
     if ended := _SIZE_PEEK(rest[-1]) == _LAST_CHUNK:
         rest = rest[:-1]
     sizes, peeks = zip(*map(_SIZE_PEEK, rest)) if rest else ((), ())
@@ -351,16 +356,16 @@ def _chunk_each(writes: tuple[Write, ...], head: ResponseHead | None
         sizes, peeks, times = (len(first), *sizes), (first, *peeks), [w0.ts_ns, *times]
     if not peeks or sum(sizes) != sum(map(len, peeks)):
         return None  # a write not seen whole
-    parts = b"".join(peeks).split(_CHUNK_END)
+    parts = b"".join(peeks).split(end)
     if len(parts) != len(peeks) + 1 or parts.pop():
         return None  # a write that does not end a chunk, or ends more than one
-    hexes, seps, datas = zip(*map(bytes.partition, parts, repeat(_CHUNK_DATA)))
-    lens, hex_lens, joined = list(map(len, datas)), set(map(len, hexes)), b"".join(datas)
-    if set(seps) != {_CHUNK_DATA} or b"".join(hexes).translate(None, _HEX) or b"\n" in joined \
+    hexes, seps, lines = zip(*map(bytes.partition, parts, repeat(before)))
+    lens, hex_lens, joined = list(map(len, lines)), set(map(len, hexes)), b"".join(lines)
+    if set(seps) != {before} or b"".join(hexes).translate(None, _HEX) or b"\n" in joined \
             or b"\r" in joined or min(hex_lens) < 1 or max(hex_lens) > 16 \
-            or set(map(sub, map(int, hexes, repeat(16)), lens)) != {7}:
-        return None  # not HEX CRLF "data:" DATA LF LF CRLF, of size 5 + len(DATA) + 2
-    return [(ts, d) for ts, d in zip(times, map(bytes.strip, datas)) if d], ended
+            or set(map(sub, map(int, hexes, repeat(16)), lens)) != {framing}:
+        return None  # not one chunk of one line, of its true size
+    return [(ts, d) for ts, d in zip(times, map(bytes.strip, lines)) if d], ended, kind
 
 
 def _kind(head, pieces: list[_Piece], shape: Shape, asked_stream: bool, status) -> str:

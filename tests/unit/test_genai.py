@@ -565,22 +565,23 @@ def test_the_quick_output_glance_says_what_the_regex_says():
     assert min(said.values()) > 3_000  # both answers were put to the test
 
 
-SSE_CHUNKED = ["vllm_chat_stream", "vllm_completions_stream", "tgi_generate_stream",
-               "llamacpp_completion_stream"]
+CHUNKED_STREAMS = ["vllm_chat_stream", "vllm_completions_stream", "tgi_generate_stream",
+                   "llamacpp_completion_stream", "ollama_chat_stream", "ollama_generate_stream"]
 
 
 def test_a_token_a_write_is_read_in_one_pass_as_the_general_reading_reads_it():
-    """genai._chunk_each reads a chunked SSE stream whose every write is one
-    chunk of one event at once; on any bytes it either declines (None) or
-    gives the events and the end that _body and _events give, write by write.
+    """genai._chunk_each reads a chunked SSE or NDJSON stream whose every
+    write is one chunk of one event at once; on any bytes it either declines
+    (None) or gives the events, the end and the kind that _body, _events and
+    _kind give, write by write.
     Run on the fixtures as written, cut otherwise and mutated, and on a
     stdlib server's token stream (bench_genai's)."""
     from sitsprobe.stitch import genai as g
     rng = random.Random(20261204)
     cuts = [lambda p: p, coalesced, split, head_with_body, one_write]
-    agreed = {"one pass": 0, "declined": 0}
+    agreed = {"sse": 0, "ndjson": 0, "declined": 0}
     for case in range(4000):
-        name = rng.choice(SSE_CHUNKED)
+        name = rng.choice(CHUNKED_STREAMS)
         parts = rng.choice(cuts)(written(name))
         if case % 3 == 1:  # some writes mutated, some peeks short, the last chunk kept or not
             parts = [mutate(rng, p) if rng.random() < 0.1 else p for p in parts]
@@ -594,20 +595,24 @@ def test_a_token_a_write_is_read_in_one_pass_as_the_general_reading_reads_it():
             agreed["declined"] += 1
             continue
         pieces, ended = g._body(p, head)
-        assert quick == (g._events(pieces, "sse"), ended), (case, name, parts)
-        agreed["one pass"] += 1
-    assert min(agreed.values()) > 500  # both ways were put to the test
+        kind = g._kind(head, pieces, g.shapes.shape_of(r.path), True, head.status)
+        assert quick == (g._events(pieces, kind), ended, kind), (case, name, parts)
+        agreed[kind] += 1
+    assert min(agreed.values()) > 300  # each way was put to the test
 
 
 def rechunk(rng: random.Random, part: bytes) -> bytes:
-    """A chunk with bytes that matter to its framing put in its data, and its size line made true."""
+    """A chunk with bytes that matter to its framing put in its data, and its
+    size line made true, written in a way the chunked coding allows or not."""
     size, crlf, data = part.partition(b"\r\n")
     if not crlf or not data.endswith(b"\r\n"):
         return part
     data = bytearray(data[:-2])
     at_ = rng.randrange(len(data) + 1)
-    data[at_:at_] = rng.choice([b"\n", b"\r", b"\n\n", b"\r\n", b"data:", b" ", b"\n\n\r\n", b"0\r\n\r\n"])
-    return b"%x\r\n%s\r\n" % (len(data), bytes(data))
+    data[at_:at_] = rng.choice([b"\n", b"\r", b"\n\n", b"\r\n", b"data:", b" ", b"\n\n\r\n", b"\n\r\n",
+                                b"0\r\n\r\n"])
+    size_line = rng.choice([b"%x", b"%X", b"0%x", b"0x%x", b" %x", b"%x ", b"+%x", b"%x;ext=1"])
+    return size_line % len(data) + b"\r\n%s\r\n" % bytes(data)
 
 
 def test_a_stdlib_servers_token_stream_takes_the_one_pass():
@@ -618,7 +623,7 @@ def test_a_stdlib_servers_token_stream_takes_the_one_pass():
             b"Transfer-Encoding: chunked\r\n\r\n")
     r = exchange("vllm_chat_stream", [head, *[token] * 32, final, done, last])
     p, h = g._final_response(r.payload)
-    events, ended = g._chunk_each(p.writes, h)
-    assert (len(events), ended) == (34, True) and events[-1] == (at(34), b"[DONE]")
+    events, ended, kind = g._chunk_each(p.writes, h)
+    assert (len(events), ended, kind) == (34, True, "sse") and events[-1] == (at(34), b"[DONE]")
     got = read(r)
     assert (got.events, got.content_events, got.output_tokens, got.finish_reasons) == (33, 32, 32, ("stop",))
