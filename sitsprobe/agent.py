@@ -316,7 +316,11 @@ class Agent:
                                     min_history_s=g.collapse_min_history_s),
             alerts=AlertExporter(self.clock, self.otlp("logs")),
             backend=self._gpu_backend)
-        self.gpu.start(registry, cuda_cflags())
+        if not self.gpu.start(registry, cuda_cflags()):
+            self.gpu.close()  # nothing to sample: no request pays for a GPU lookup
+            self.gpu = None
+            log.info("GPU layer off: spans carry no GPU attributes, no collapse alerts")
+            return
         if self.gpu.cuda is not None:
             self.hooks["cuda"] = "uprobe libcudart/libcuda"
 

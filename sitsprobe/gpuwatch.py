@@ -1,7 +1,8 @@
 """The GPU layer inside the agent: NVML samples, CUDA counts, host signals and
 the utilization-collapse detector, fed every tick and exported as metrics and
-alerts. Without NVML (as on a CPU node) it still counts CUDA calls and says
-once why GPU sampling is off."""
+alerts. Without NVML (as on a CPU node) it says once why GPU sampling is off,
+and has nothing to do: no CUDA call can reach a device, so it loads no CUDA
+probes either, and the agent lets it go (`start` says so)."""
 from __future__ import annotations
 
 import logging
@@ -44,7 +45,9 @@ class GpuWatch:
         self._next_attach = 0.0
         self._exited_cuda: dict[tuple[str, str, str], CudaCount] = {}  # (name, function, direction)
 
-    def start(self, registry: CollectorRegistry, cuda_flags: list[str] | None) -> None:
+    def start(self, registry: CollectorRegistry, cuda_flags: list[str] | None) -> bool:
+        """Sample the GPUs, load the CUDA probes where asked; whether either
+        is on (False: close it, the layer has nothing to attribute or watch)."""
         sampler = NvmlSampler(self._backend, interval_s=self._interval_s, clock=self._clock)
         try:
             gpus = sampler.start(on_sample=self._on_sample)
@@ -63,7 +66,10 @@ class GpuWatch:
                 registry.register(CudaMetrics(self._cuda_counts, self.cuda.counters, self._name))
             except Exception as e:  # never take the agent down for an optional layer
                 log.warning("CUDA probes off: %s", e)
+        if self.sampler is None and self.cuda is None:
+            return False
         registry.register(CollapseMetrics(self.detector))
+        return True
 
     def _on_sample(self, sample) -> None:  # the NVML thread
         self.timeline.add_sample(sample)

@@ -83,3 +83,26 @@ def test_an_exited_processes_cuda_counts_join_its_names_totals():
     calls = {tuple(s.labels.values()): s.value for f in metrics.collect() if f.name == "sitsprobe_cuda_calls"
              for s in f.samples}
     assert calls == {("", "engine", "cudaLaunchKernel"): 18, ("9", "worker", "cudaMalloc"): 7}
+
+
+def test_without_nvml_the_agent_lets_the_gpu_layer_go():
+    """No NVML (a CPU node): nothing to sample, no CUDA probes (no call can
+    reach a device), so the agent drops the layer and no request pays for a
+    GPU look-up per stage; with NVML the layer stays, as before."""
+    from pynvml import NVMLError_LibraryNotFound
+
+    from sitsprobe import config
+    from sitsprobe.agent import Agent
+
+    for backend, kept in ((RecordedBackend([], init_error=NVMLError_LibraryNotFound()), False),
+                          (RecordedBackend([RecordedGpu(rates=(50.0, 10.0))]), True)):
+        agent = Agent(config.load(overrides={"select.pids": [1]}), gpu_backend=backend)
+        registry = CollectorRegistry()
+        agent._start_gpu(registry)
+        try:
+            assert (agent.gpu is not None) is kept
+            families = {m.name for m in registry.collect()}
+            assert ("sitsprobe_gpu_utilization_collapse" in families) is kept
+        finally:
+            if agent.gpu is not None:
+                agent.gpu.close()
