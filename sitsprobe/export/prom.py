@@ -400,6 +400,11 @@ class KernelMetrics:
         c = self._counters()
         yield CounterMetricFamily("sitsprobe_events_received", "Exchange events submitted by the kernel",
                                   value=c["exchanges"])
+        yield CounterMetricFamily(
+            "sitsprobe_write_events_received",
+            "Response write events of POST exchanges (capture.genai) read from the kernel; those it "
+            "could not send: sitsprobe_events_lost_total{reason=\"write_ring_full\"}",
+            value=c["writes_read"])
         if c.get("binned"):
             yield CounterMetricFamily(
                 "sitsprobe_requests_counted_in_kernel",

@@ -530,8 +530,10 @@ class NetProbe:
         return pending
 
     def counters(self) -> dict[str, int]:
+        """The kernel's counters, and the write events read (those lost: writes_lost)."""
         table = self._bpf["counters"]
-        return {name: sum(table[ct.c_int(i)]) for i, name in enumerate(COUNTERS)}
+        return {name: sum(table[ct.c_int(i)]) for i, name in enumerate(COUNTERS)} | {
+            "writes_read": self._beats_read}
 
     def notices_lost(self) -> int:
         """Process notices (exec, exit, listen) the kernel could not send: its ring was full."""

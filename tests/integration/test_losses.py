@@ -4,6 +4,7 @@ at exit equals the exported counter; a flood of stream writes gives way to the
 requests' records."""
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import shutil
@@ -73,3 +74,50 @@ def test_a_flood_of_stream_writes_never_costs_a_request_its_record(tmp_path: Pat
         # the flood was real: more write events lost than the whole ring holds (about 2,400)
         assert agent.metric("sitsprobe_events_lost_total", reason="write_ring_full") > 6_000
         assert agent.metric("gen_ai_server_time_to_first_token_seconds_count") == 40
+
+
+def test_every_response_write_is_read_or_counted_lost(tmp_path: Path):
+    """Python's ThreadingHTTPServer streaming N SSE events (bench_genai's
+    server) writes N + 4 times a response, one send each: its head, the
+    events, the final event, [DONE] and the last chunk. At a gentle pace the
+    agent reads every one of them (sitsprobe_write_events_received_total);
+    held still under a flood, what it read and what the kernel counted lost
+    (write_ring_full) add up to what the server wrote."""
+    require_root()
+    from bench.bench_genai import EXTRA_WRITES, PATH, request_body, start_server
+
+    from .conftest import TAG, free_port
+    events, port = 64, free_port()
+    writes = events + EXTRA_WRITES
+    (tmp_path / "agent").mkdir()
+    server = start_server(tmp_path, port, events, TAG)  # its own check request: before the agent
+    try:
+        with running_agent(tmp_path / "agent", {}, {}, {"ring_buffer_mib": 1}) as agent:
+            wait_until(lambda: agent.tracks(server.pid), 15, "the agent to track the server")
+
+            def stream(n: int) -> None:
+                for _ in range(n):
+                    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                    c.request("POST", PATH, body=request_body(), headers={"Content-Type": "application/json"})
+                    assert b"data: [DONE]" in c.getresponse().read()
+                    c.close()
+
+            def read_and_lost() -> tuple[float, float]:
+                return (agent.metric("sitsprobe_write_events_received_total"),
+                        agent.metric("sitsprobe_events_lost_total", reason="write_ring_full"))
+
+            stream(20)
+            wait_until(lambda: read_and_lost() == (20 * writes, 0) or None, 15,
+                       f"{20 * writes} write events read, none lost; seen {read_and_lost()}")
+            os.kill(agent.proc.pid, signal.SIGSTOP)  # nothing drains the ring now
+            try:
+                stream(60)
+            finally:
+                os.kill(agent.proc.pid, signal.SIGCONT)
+            wait_until(lambda: sum(read_and_lost()) == 80 * writes or None, 15,
+                       f"{80 * writes} write events read or lost; seen {read_and_lost()}")
+            read, lost = read_and_lost()
+            assert lost > 1_000  # the flood was real: a 1 MiB ring holds some 2,400 writes' events
+    finally:
+        server.kill()
+        server.wait()

@@ -106,7 +106,7 @@ class FakeNetProbe:
     bins = None  # KernelBins: what the kernel counts comes out as the agent's own series
 
     def counters(self) -> dict[str, int]:
-        return {name: i + 1 for i, name in enumerate(net_probe.COUNTERS)}
+        return {name: i + 1 for i, name in enumerate(net_probe.COUNTERS)} | {"writes_read": 7}
 
     def status_counts(self) -> dict[tuple[int, int], int]:
         return {(PID, 200): 40, (PID, 503): 2}

@@ -22,7 +22,7 @@ def sampler_numbers(s: TraceSampler) -> dict[str, float]:
 def scrape(numbers) -> dict[str, tuple[str, str, dict]]:
     """family name -> (type, help, {labels or (): value})."""
     registry = CollectorRegistry()
-    registry.register(KernelMetrics(lambda: {"exchanges": 0}, dict, dict, numbers, dict))
+    registry.register(KernelMetrics(lambda: {"exchanges": 0, "writes_read": 0}, dict, dict, numbers, dict))
     out = {}
     for f in text_string_to_metric_families(generate_latest(registry).decode()):
         out[f.name] = (f.type, f.documentation,
