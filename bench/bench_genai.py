@@ -239,7 +239,8 @@ class StreamAgent(Agent):
         """What the GenAI reading produced, and each loss reason."""
         m = scrape(self.port)
         out = {"out_tokens": total(m, "gen_ai_server_tokens_total", gen_ai_token_type="output"),
-               "ttft": total(m, "gen_ai_server_time_to_first_token_seconds_count")}
+               "ttft": total(m, "gen_ai_server_time_to_first_token_seconds_count"),
+               "writes_read": total(m, "sitsprobe_write_events_received_total")}
         for labels, v in m.get("sitsprobe_events_lost_total", []):
             key = f"lost:{labels.get('reason', '?')}"
             out[key] = out.get(key, 0) + v
@@ -340,7 +341,8 @@ def differences(results: list[Result], writes: int) -> list[str]:
 
 def accounting(results: list[Result]) -> list[str]:
     out = [(f"{'run':5} {'wrk reqs':>8} {'kernel':>6} {'k-wrk':>5} {'stitched':>8} {'lost':>5}"
-            f" {'wr lost':>7} {'traced':>6} {'tok/req':>7} {'ttft':>6} {'CPU s':>5} {'us/st':>5} {'lag s':>5}")]
+            f" {'wr read':>7} {'wr lost':>7} {'traced':>6} {'tok/req':>7} {'ttft':>6} {'CPU s':>5} {'us/st':>5}"
+            f" {'us/wr':>5} {'lag s':>5}")]
     notes = []
     for r in results:
         if r.agent_cpu_s is None:
@@ -349,9 +351,11 @@ def accounting(results: list[Result]) -> list[str]:
         diff = f"{k['kernel'] - r.wrk.requests:5.0f}" if r.config in TRACED else f"{'-':>5}"
         tok = f"{k['out_tokens'] / k['stitched']:7.1f}" if k.get("stitched") else f"{'-':>7}"
         out.append(f"{r.config + ' r' + str(r.round):5} {r.wrk.requests:8d} {k['kernel']:6.0f} {diff}"
-                   f" {k['stitched']:8.0f} {k['lost']:5.0f} {k.get('lost:write_ring_full', 0):7.0f}"
+                   f" {k['stitched']:8.0f} {k['lost']:5.0f} {k.get('writes_read', 0):7.0f}"
+                   f" {k.get('lost:write_ring_full', 0):7.0f}"
                    f" {k['traced']:6.0f} {tok} {k.get('ttft', 0):6.0f} {r.agent_cpu_s:5.2f}"
                    f" {_f(_us(r.agent_cpu_s, k['stitched']) if k['stitched'] else None, '5.0f')}"
+                   f" {_f(_us(r.agent_cpu_s, k['writes_read']) if k.get('writes_read') else None, '5.1f')}"
                    f" {_f(r.catch_up_s, '5.1f')}")
         notes += [f"  {r.config} r{r.round}: {name[5:]} {v:.0f}" for name, v in k.items()
                   if name.startswith("lost:") and v]
@@ -465,11 +469,14 @@ def main() -> int:
           f"responses counted in BPF; k-wrk: those wrk did not count (0..{CONNS}: wrk stops\n"
           f"with requests in flight); stitched; lost: exchanges lost\n"
           f"(sitsprobe_events_lost_total, every reason but write_ring_full and\n"
-          f"payload_table_full); wr lost: response write events lost (write_ring_full);\n"
+          f"payload_table_full); wr read: response write events the agent read\n"
+          f"(sitsprobe_write_events_received_total); wr lost: those lost (write_ring_full);\n"
           f"traced: spans exported; tok/req: gen_ai output tokens read from the wire per\n"
           f"stitched request ({a.events} when the usage was read, 0 with genai off); ttft:\n"
           f"requests given a time to first token; CPU s: the agent's; us/st: per stitched\n"
-          f"request; lag s: how long after wrk stopped it needed to stitch everything")
+          f"request; us/wr: per write event read (all of its CPU, the requests' work\n"
+          f"included; where runs lose different shares of the writes, us/st alone misleads);\n"
+          f"lag s: how long after wrk stopped it needed to stitch everything")
     print("\n".join(accounting(results)))
     for c in configs:
         if lines := bpf_lines(results, c):
