@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Nginx, require_root, running_agent, wait_until
+from .conftest import TAG, Nginx, free_port, require_root, running_agent, wait_until
 from .test_wire_truth import Peer
 
 
@@ -86,7 +86,6 @@ def test_every_response_write_is_read_or_counted_lost(tmp_path: Path):
     require_root()
     from bench.bench_genai import EXTRA_WRITES, PATH, request_body, start_server
 
-    from .conftest import TAG, free_port
     events, port = 64, free_port()
     writes = events + EXTRA_WRITES
     (tmp_path / "agent").mkdir()
