@@ -6,20 +6,20 @@ The spans are built here, from what :mod:`.semconv` decides, as small
 exporter, one OTLP/JSON file -- has one bounded queue and one thread that
 encodes and sends them in batches (:class:`_Lane`), every traced process's
 spans under its own resource. No SDK span objects, no BatchSpanProcessor:
-bench/bench_spans.py has a span of an inference request (35 spans) at 8-12 µs
+bench/bench_spans.py has a span of an inference request (35 spans) at 4-7 µs
 of agent CPU, encoded for either sink, and a plain HTTP request's one span (27
-attributes, most of the cost) at 30-45 µs, where the SDK path took 50-85 and
-120-190 µs (2 vCPUs). Sampling is still the SDK's samplers':
+attributes, most of the cost) at 16-20 µs, where the SDK path took 27-39 and
+60-87 µs (2 vCPUs). Sampling is still the SDK's samplers':
 ``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG``.
 
 Each engine stage is a span of its own, a decode step too (the reference engine
 marks one per step, some 30 per request). Folding a run of steps into one span
-with an event per step would save a sixth of such a request's protobuf encoding
-and a third of its JSON (bench/bench_spans.py), but take the steps' spans away
-from what reads them: the report's stage times (summed per child span name),
-the GPU attribution per step (tests/integration/test_gpu_agent.py), Grafana's
-links from a decode span to its GPU's alerts (collectors/README.md). So one
-span per stage it stays.
+with an event per step would save a quarter of such a request's protobuf
+encoding and more than half of its JSON (bench/bench_spans.py), but take the
+steps' spans away from what reads them: the report's stage times (summed per
+child span name), the GPU attribution per step
+(tests/integration/test_gpu_agent.py), Grafana's links from a decode span to its
+GPU's alerts (collectors/README.md). So one span per stage it stays.
 """
 from __future__ import annotations
 

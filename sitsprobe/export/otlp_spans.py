@@ -3,12 +3,13 @@ network, OTLP/JSON for the file.
 
 :class:`SpanData` is one finished span, small and immutable, made on the agent's
 loop; each sink encodes a batch of them in its own thread: :func:`encode` into an
-``ExportTraceServiceRequest`` (opentelemetry-proto's generated classes),
-:func:`otlp_json_line` into the same request as a line of OTLP/JSON. Spans are
-grouped by resource (one per traced process) in order of first appearance, under
-one scope ("sitsprobe", its version). Setting a protobuf field or writing a JSON
-fragment costs a few tenths of a µs, so a span costs about what its attributes
-number: both encoders take the usual value types by exact type first.
+``ExportTraceServiceRequest`` (opentelemetry-proto's generated class, from wire
+bytes written here), :func:`otlp_json_line` into the same request as a line of
+OTLP/JSON. Spans are grouped by resource (one per traced process) in order of
+first appearance, under one scope ("sitsprobe", its version). A span costs about
+what its attributes number, so both encoders take the usual value types by exact
+type first, and keep the encoded KeyValue of a string or an integer: most recur
+(method, route, address, port, status, pid).
 
 :func:`network_sink` hands :func:`encode` to the SDK's OTLP exporters as their
 translation step, so everything else stays theirs: endpoint, headers, TLS,
@@ -20,6 +21,7 @@ import base64
 import json
 import logging
 import math
+import struct
 import threading
 import types
 from collections.abc import Mapping, Sequence
@@ -29,8 +31,7 @@ from typing import NamedTuple
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource as ResourceProto
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
 from opentelemetry.proto.trace.v1.trace_pb2 import SpanFlags, Status
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -51,20 +52,24 @@ _dumps = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps with the f
 _str = encode_basestring_ascii  # a str as json.dumps writes it: quoted, escaped, ASCII only
 _SCOPE_JSON = _dumps({"name": SCOPE[0], "version": SCOPE[1]})
 _KEY_JSON: dict[str, str] = {}  # attribute key -> its KeyValue's text up to the value
+_KV_JSON: dict[tuple[str, str | int], str] = {}  # (key, value) -> its KeyValue's text
 _MAX_KEYS_KEPT = 4096
+_MAX_VALUES_KEPT = 8192  # (key, value) pairs kept, then forgotten all at once: the usual ones come back
 
 
 class SpanResource:
     """A traced process's resource, encoded once for every span that names it
     (compared by identity: two processes with equal attributes stay two)."""
 
-    __slots__ = ("attributes", "schema_url", "proto", "json")
+    __slots__ = ("attributes", "schema_url", "wire", "json")
 
     def __init__(self, resource: Resource) -> None:
         self.attributes = resource.attributes
         self.schema_url = resource.schema_url
-        self.proto = ResourceProto()
-        _set_attributes(self.proto.attributes, self.attributes)
+        # a ResourceSpans' resource field, and its schema URL's
+        self.wire = _field(b"\x0a", _repeated(b"\x0a", _key_values(self.attributes)))
+        if self.schema_url:
+            self.wire += _field(b"\x1a", self.schema_url.encode())
         attributes = _attributes_json(self.attributes)
         self.json = f'{{"attributes":[{attributes}]}}' if attributes else "{}"  # as OTLP/JSON text
 
@@ -87,61 +92,127 @@ class SpanData(NamedTuple):
 
 
 # -- protobuf -------------------------------------------------------------------------
+# Written as protobuf's wire bytes, piece by piece, then parsed once by protobuf's C
+# runtime: setting the generated classes' fields one by one cost 13-14 µs for a span
+# of 27 attributes, these bytes and the parse 5-6 (bench/bench_spans.py). The field
+# numbers are opentelemetry-proto's (trace/v1/trace.proto, common/v1/common.proto).
+
+def _varint(n: int) -> bytes:
+    """A non-negative integer as a protobuf varint."""
+    if n < 0x80:
+        return _BYTES[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: its tag, the payload's length, the payload."""
+    return tag + _varint(len(payload)) + payload
+
+
+_BYTES = [bytes((i,)) for i in range(0x80)]
+_pack_double = struct.Struct("<d").pack
+_pack_fixed64 = struct.Struct("<Q").pack
+_pack_fixed32 = struct.Struct("<I").pack
+_UINT64 = 2**64 - 1
+_SCOPE_WIRE = _field(b"\x0a", InstrumentationScope(name=SCOPE[0], version=SCOPE[1]).SerializeToString())
+_STATUS_UNSET = b"\x7a\x00"  # an empty status, as the SDK's encoder sends
+_STATUS_ERROR = _field(b"\x7a", Status(code=Status.STATUS_CODE_ERROR).SerializeToString())
+_KEY_WIRE: dict[str, bytes] = {}  # attribute key -> its KeyValue's key field and value tag
+_KV_WIRE: dict[tuple[str, str | int], bytes] = {}  # (key, value) -> its KeyValue, after its length
+
 
 def encode(spans: Sequence[SpanData]) -> ExportTraceServiceRequest:
     """``spans`` as one ExportTraceServiceRequest."""
-    request = ExportTraceServiceRequest()
-    scope = InstrumentationScope(name=SCOPE[0], version=SCOPE[1])
-    groups: dict[SpanResource, object] = {}
+    return ExportTraceServiceRequest.FromString(encode_wire(spans))
+
+
+def encode_wire(spans: Sequence[SpanData]) -> bytes:
+    """``spans`` as the bytes of one ExportTraceServiceRequest."""
+    groups: dict[SpanResource, list[bytes]] = {}
     for s in spans:
         out = groups.get(s.resource)
         if out is None:
-            rs = request.resource_spans.add(resource=s.resource.proto, schema_url=s.resource.schema_url)
-            out = groups[s.resource] = rs.scope_spans.add(scope=scope).spans
-        m = out.add()
-        m.trace_id = s.trace_id.to_bytes(16, "big")
-        m.span_id = s.span_id.to_bytes(8, "big")
-        if s.trace_state:
-            m.trace_state = s.trace_state
-        if s.parent_id:
-            m.parent_span_id = s.parent_id.to_bytes(8, "big")
-        m.flags = s.flags
-        m.name = s.name
-        m.kind = s.kind
-        m.start_time_unix_nano = s.start_ns
-        m.end_time_unix_nano = s.end_ns
-        _set_attributes(m.attributes, s.attributes)
-        if s.error:
-            m.status.code = Status.STATUS_CODE_ERROR
-        else:
-            m.status.SetInParent()  # an empty status, as the SDK's encoder sends
-    return request
+            out = groups[s.resource] = [_SCOPE_WIRE]
+        out.append(_span_wire(s))
+    return b"".join(
+        _field(b"\x0a", r.wire + _field(b"\x12", b"".join(scope_spans))) for r, scope_spans in groups.items())
 
 
-def _set_attributes(out, attributes: Mapping[str, object]) -> None:
-    """``attributes`` appended to ``out`` (a repeated KeyValue field). The usual
-    types are set by exact type, the fast path: it is most of what a span costs.
-    A value that cannot be encoded loses its attribute, with a warning, as in the
-    SDK's encoder."""
-    add = out.add
+def _span_wire(s: SpanData) -> bytes:
+    """One Span field of a ScopeSpans."""
+    name = s.name.encode()
+    return _field(b"\x12", b"".join((
+        b"\x0a\x10", s.trace_id.to_bytes(16, "big"),
+        b"\x12\x08", s.span_id.to_bytes(8, "big"),
+        _field(b"\x1a", s.trace_state.encode()) if s.trace_state else b"",
+        b"\x22\x08" + s.parent_id.to_bytes(8, "big") if s.parent_id else b"",
+        b"\x2a", _varint(len(name)), name,
+        b"\x30", _varint(s.kind),
+        b"\x39", _pack_fixed64(s.start_ns),
+        b"\x41", _pack_fixed64(s.end_ns),
+        _repeated(b"\x4a", _key_values(s.attributes)),
+        _STATUS_ERROR if s.error else _STATUS_UNSET,
+        b"\x85\x01", _pack_fixed32(s.flags),
+    )))
+
+
+def _repeated(tag: bytes, items: list[bytes]) -> bytes:
+    """A repeated field of ``items``, each a message's length and bytes."""
+    return tag + tag.join(items) if items else b""
+
+
+def _key_values(attributes: Mapping[str, object]) -> list[bytes]:
+    """``attributes`` as KeyValue messages, each after its length (the field's tag
+    is the caller's: a Span's and a Resource's differ). The usual types are
+    written by exact type, the fast path, and the KeyValue of a string or an
+    integer is kept, for the many that recur. A value that cannot be encoded
+    loses its attribute, with a warning, as in the SDK's encoder."""
+    out = []
+    kept, keys = _KV_WIRE, _KEY_WIRE
     for key, value in attributes.items():
-        kv = add()
-        kv.key = key
         t = type(value)
+        if t is str or t is int:  # not a bool: True would find 1's
+            kv = kept.get((key, value))
+            if kv is not None:
+                out.append(kv)
+                continue
         try:
+            k = keys.get(key)
+            if k is None:
+                k = _field(b"\x0a", key.encode()) + b"\x12"
+                if len(keys) < _MAX_KEYS_KEPT:
+                    keys[key] = k
             if t is str:
-                kv.value.string_value = value
-            elif t is int:
-                kv.value.int_value = value  # ValueError out of int64's range
+                v = _field(b"\x0a", value.encode())
+            elif t is int and _INT64_MIN <= value <= _INT64_MAX:
+                v = b"\x18" + _varint(value & _UINT64)
             elif t is float:
-                kv.value.double_value = value
+                v = b"\x09\x21" + _pack_double(value)
             elif t is bool:
-                kv.value.bool_value = value
+                v = b"\x02\x10\x01" if value else b"\x02\x10\x00"
             else:
-                _set_value(kv.value, value)
+                av = AnyValue()
+                _set_value(av, value)
+                v = av.SerializeToString()
+                v = _varint(len(v)) + v
+            if t is str or t is int:
+                v = _varint(len(v)) + v
         except (TypeError, ValueError) as e:
-            del out[-1]
             log.warning("cannot encode attribute %s: %s", key, e)
+            continue
+        kv = k + v
+        kv = _varint(len(kv)) + kv
+        if t is str or t is int:
+            if len(kept) >= _MAX_VALUES_KEPT:
+                kept.clear()
+            kept[key, value] = kv
+        out.append(kv)
+    return out
 
 
 def _set_value(av, value: object) -> None:
@@ -241,31 +312,44 @@ def _span_json(s: SpanData) -> str:
 
 def _attributes_json(attributes: Mapping[str, object]) -> str:
     """``attributes`` as OTLP/JSON KeyValues, comma-separated: the usual types by
-    exact type (the fast path, as in :func:`_set_attributes`), the others by
+    exact type (the fast path, as in :func:`_key_values`), the others by
     :func:`_value`. A value that cannot be encoded loses its attribute, with a warning.
-    Each key's text is written once (_KEY_JSON): the agent's keys are a few hundred."""
+    Each key's text is written once (_KEY_JSON): the agent's keys are a few hundred;
+    a string's or an integer's KeyValue too (_KV_JSON), for the many that recur."""
     out = []
-    keys = _KEY_JSON
+    kept, keys = _KV_JSON, _KEY_JSON
     for key, value in attributes.items():
+        t = type(value)
+        if t is str or t is int:  # not a bool: True would find 1's
+            kv = kept.get((key, value))
+            if kv is not None:
+                out.append(kv)
+                continue
         k = keys.get(key)
         if k is None:
             k = '{"key":' + _str(key) + ',"value":'
             if len(keys) < _MAX_KEYS_KEPT:
                 keys[key] = k
-        t = type(value)
         if t is str:
-            out.append(k + '{"stringValue":' + _str(value) + "}}")
+            kv = k + '{"stringValue":' + _str(value) + "}}"
         elif t is int and _INT64_MIN <= value <= _INT64_MAX:
-            out.append(f'{k}{{"intValue":"{value}"}}}}')
+            kv = f'{k}{{"intValue":"{value}"}}}}'
         elif t is float and math.isfinite(value):
             out.append(k + '{"doubleValue":' + repr(value) + "}}")  # as json.dumps writes a float
+            continue
         elif t is bool:
             out.append(k + ('{"boolValue":true}}' if value else '{"boolValue":false}}'))
+            continue
         else:
             try:
                 out.append(k + _dumps(_value(value)) + "}")
             except (TypeError, ValueError) as e:  # as the SDK's encoder: lose the one attribute
                 log.warning("cannot encode attribute %s: %s", key, e)
+            continue
+        if len(kept) >= _MAX_VALUES_KEPT:
+            kept.clear()
+        kept[key, value] = kv
+        out.append(kv)
     return ",".join(out)
 
 

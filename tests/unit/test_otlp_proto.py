@@ -9,28 +9,41 @@ case, the OTLP/JSON lines its file sink wrote.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
 import socket
 import threading
 import time
+from http import HTTPStatus
 from pathlib import Path
 
 import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace import sampling
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.sdk.version import __version__ as sdk_version
-from opentelemetry.trace import SpanContext, SpanKind
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceState
 
 from sitsprobe import __version__
 from sitsprobe.clock import WallClock
-from sitsprobe.export import otlp, otlp_settings
+from sitsprobe.export import otlp, otlp_settings, otlp_spans
 from sitsprobe.export.otlp import TraceExporter
-from sitsprobe.export.otlp_spans import SpanData, SpanResource, encode, otlp_json, otlp_json_line, protobuf_json
+from sitsprobe.export.otlp_spans import (
+    HAS_IS_REMOTE,
+    IS_REMOTE,
+    SpanData,
+    SpanResource,
+    encode,
+    otlp_json,
+    otlp_json_line,
+    protobuf_json,
+)
 from sitsprobe.request import CacheLookup, Endpoint, GenAI, GpuUse, Inference, Request, Stage, TraceParent
 from sitsprobe.stitch.join import Span, Trace
 from tests.otlp_receiver import GrpcOtlpReceiver, HttpOtlpReceiver
@@ -416,6 +429,45 @@ def test_every_attribute_value_encodes_alike(caplog):
                        resource=Resource.create({}), start_time=1, end_time=2)
     assert attrs == {a["key"]: a["value"] for _, _, s in spans_of(otlp_json([sdk])) for a in s["attributes"]}
     assert otlp_json([]) == {} and encode([]).ByteSize() == 0
+
+
+def test_the_wire_bytes_are_what_the_sdks_encoder_makes_of_the_same_spans(caplog):
+    """encode() writes protobuf's wire bytes by hand and keeps the KeyValues of
+    recurring strings and integers: random spans, whose keys come back with
+    other values and other types (True after 1, "1" after 1), must give what
+    the SDK's own encoder gives, byte for byte once serialised."""
+    rng = random.Random(13)
+    keys = ["k", "http.route", "server.port", "x" * 200, "naïve ☃", "\ud800"]
+    values = ["", "1", "GET", "/v1/chat/completions", "é" * 70, "a\x00b", "\udcff", 0, 1, -1, 127, 128, 300,
+              2**31, 2**63 - 1, -(2**63), 2**63, True, False, 0.0, -0.0, 1.5, 1e300, math.nan, math.inf,
+              HTTPStatus.OK, b"\x00\xff", [1, "a", 2.5], (), {"m": [True]}, None]
+    resources = [Resource.create({"service.name": n, "process.pid": i}) for i, n in enumerate(("a", "b", "c"))]
+    wrapped = {id(r): SpanResource(r) for r in resources}
+    ours, sdks = [], []
+    for i in range(600):
+        resource = rng.choice(resources)
+        attrs = {rng.choice(keys): rng.choice(values) for _ in range(rng.randrange(12))}
+        trace_id, span_id = rng.getrandbits(128) or 1, rng.getrandbits(64) or 1
+        parent = rng.choice([None, SpanContext(trace_id, rng.getrandbits(64) or 1, is_remote=rng.random() < 0.5)])
+        state = rng.choice(["", "k=v", "vendor=" + "x" * 200])
+        name = rng.choice(["GET /", "", "decode", "ü" * 100])
+        kind = rng.choice(list(SpanKind))
+        start = OFFSET_NS + rng.getrandbits(40)
+        end = start + rng.choice([0, 1, 2**40])
+        error = rng.random() < 0.3
+        flags = HAS_IS_REMOTE | (IS_REMOTE if parent is not None and parent.is_remote else 0)
+        ours.append(SpanData(wrapped[id(resource)], trace_id, span_id, parent.span_id if parent else 0, flags,
+                             state, name, kind.value + 1, start, end, attrs, error))
+        context = SpanContext(trace_id, span_id, False, trace_state=TraceState.from_header([state]))
+        sdks.append(ReadableSpan(name, context=context, parent=parent, kind=kind, attributes=attrs,
+                                 resource=resource, start_time=start, end_time=end,
+                                 status=Status(StatusCode.ERROR if error else StatusCode.UNSET),
+                                 instrumentation_scope=InstrumentationScope(*otlp_spans.SCOPE)))
+    for first in range(0, len(ours), 100):  # batches: the kept KeyValues outlive each
+        mine, theirs = encode(ours[first:first + 100]), encode_spans(sdks[first:first + 100])
+        assert mine.SerializeToString(deterministic=True) == theirs.SerializeToString(deterministic=True), (
+            protobuf_json(mine), protobuf_json(theirs))
+    assert "cannot encode attribute" in caplog.text  # the lone surrogates, 2**63
 
 
 def test_an_sdk_exporter_of_another_shape_is_refused_at_start(monkeypatch):
