@@ -138,26 +138,32 @@ def _endpoint(hex_endpoint: str) -> Endpoint:
     return Endpoint(str(addr), int(port_hex, 16))
 
 
-def tcp_table(pid: int, proc: str = "/proc", tables: dict | None = None) -> list[TcpRow]:
-    """TCP sockets (v4 and v6) of the network namespace the pid lives in.
+def tcp_table(pid: int, proc: str = "/proc", tables: dict | None = None,
+              state: int | None = None) -> list[TcpRow]:
+    """TCP sockets (v4 and v6) of the network namespace the pid lives in;
+    with ``state``, only those in that state.
 
     Reading them walks the kernel's whole socket hash, milliseconds on a
-    large host: give a ``tables`` dict to read each namespace once."""
+    large host: give a ``tables`` dict to read each namespace once. Only the
+    rows kept have their endpoints decoded: most of a busy host's are in
+    TIME_WAIT, which no caller asks for."""
     if tables is not None:
         try:
             netns = os.readlink(f"{proc}/{pid}/ns/net")
         except (*_GONE, OSError):  # a fixture tree has none: read as usual
             netns = None
         if netns is not None:
-            if netns not in tables:
-                tables[netns] = tcp_table(pid, proc)
-            return tables[netns]
+            if (netns, state) not in tables:
+                tables[netns, state] = tcp_table(pid, proc, state=state)
+            return tables[netns, state]
+    want = None if state is None else f"{state:02X}"  # as the kernel prints it
     rows = []
     for name in ("tcp", "tcp6"):  # tcp6 is absent when IPv6 is disabled
         raw = _read(f"{proc}/{pid}/net/{name}")
         for line in (raw or b"").decode().splitlines()[1:]:
             f = line.split()
-            rows.append(TcpRow(_endpoint(f[1]), _endpoint(f[2]), int(f[3], 16), int(f[9])))
+            if want is None or f[3] == want:
+                rows.append(TcpRow(_endpoint(f[1]), _endpoint(f[2]), int(f[3], 16), int(f[9])))
     return rows
 
 
@@ -168,8 +174,7 @@ def _owned(pid: int, proc: str, state: int, tables: dict | None = None,
         inodes = socket_inodes(pid, proc)
     if not inodes:
         return []  # skip reading the (large) net tables
-    rows = tcp_table(pid, proc, tables)
-    owned = [(inodes[r.inode], r) for r in rows if r.state == state and r.inode in inodes]
+    owned = [(inodes[r.inode], r) for r in tcp_table(pid, proc, tables, state) if r.inode in inodes]
     return sorted(owned, key=lambda pair: pair[0])
 
 

@@ -178,6 +178,18 @@ def test_tcp_table_parses_v4_v6_and_v4_mapped(proc):
     assert rows[9] == TcpRow(Endpoint("127.0.0.1", 48697), Endpoint("127.0.0.1", 42974), 0x01, 6018)
 
 
+def test_tcp_table_of_one_state_decodes_only_its_rows(proc, monkeypatch):
+    every = procs.tcp_table(200, proc)
+    decoded = []
+    real = procs._endpoint
+    monkeypatch.setattr(procs, "_endpoint", lambda hex_: decoded.append(hex_) or real(hex_))
+    for state in (0x0A, 0x01, 0x06):
+        rows = procs.tcp_table(200, proc, state=state)
+        assert rows == [r for r in every if r.state == state]
+        assert len(decoded) == 2 * len(rows)  # a TIME_WAIT-heavy host's rows cost a split each, no more
+        decoded.clear()
+
+
 def test_tcp_table_without_ipv6_or_net(tmp_path):
     make_proc(tmp_path, 1, tcp6=None)
     make_proc(tmp_path, 2, tcp=None, tcp6=None)
