@@ -55,6 +55,7 @@ class GpuWatch:
             self.status = ", ".join(f"GPU {g.index} {g.name}" for g in gpus) or "no GPUs"
             registry.register(GpuMetrics(sampler, self._name))
         except NvmlUnavailable as e:
+            sampler.close()  # its NVML call thread, which nothing will call now
             self.status = f"GPU sampling off: {e}"
         log.info("%s", self.status)
         if self._want_cuda and cuda_flags is not None and self.sampler is None:

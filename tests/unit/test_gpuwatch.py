@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 from prometheus_client import CollectorRegistry
@@ -98,11 +99,16 @@ def test_without_nvml_the_agent_lets_the_gpu_layer_go():
                           (RecordedBackend([RecordedGpu(rates=(50.0, 10.0))]), True)):
         agent = Agent(config.load(overrides={"select.pids": [1]}), gpu_backend=backend)
         registry = CollectorRegistry()
+        before = set(threading.enumerate())
         agent._start_gpu(registry)
         try:
             assert (agent.gpu is not None) is kept
             families = {m.name for m in registry.collect()}
             assert ("sitsprobe_gpu_utilization_collapse" in families) is kept
+            if not kept:  # nor a thread left waiting for NVML calls that will never come
+                for t in set(threading.enumerate()) - before:
+                    t.join(5)
+                    assert not t.is_alive(), f"thread {t.name} outlives the GPU layer"
         finally:
             if agent.gpu is not None:
                 agent.gpu.close()
