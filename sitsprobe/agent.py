@@ -707,6 +707,7 @@ class Agent:
                 # too; at the end (everything) the kernel will not report it
                 if requests := self.stitcher.on_flush(ex, final=everything):
                     self._take(ex, requests)  # none: reported on an earlier tick
+                self.probe.dismiss(ex)  # done: neither looked at again nor in flight
             else:
                 in_flight[ex.tgid] = in_flight.get(ex.tgid, 0) + 1
         return in_flight

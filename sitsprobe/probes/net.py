@@ -292,6 +292,9 @@ class NetProbe:
         # the old one, whose seq may have been the same.
         self._glance = self._decode.layout.subset("start_ns", "state", "seq")
         self._last_seen: dict[int, tuple[int, Exchange]] = {}  # key -> (seq, decoded)
+        # and one the agent reported itself (dismiss) is passed over at a glance
+        # until another exchange begins on it: most of a gateway's thousands
+        self._dismissed: dict[int, int] = {}  # key -> the reported exchange's start_ns
         self._notice_map = self._bpf["notices"]
 
         self._bodies = self._bpf["bodies"]
@@ -466,10 +469,14 @@ class NetProbe:
         still in flight, looked at again on the next tick."""
         _, keys, values = self._copy.read()
         size, last, now = self._decode.size, self._last_seen, {}
+        dismissed, still = self._dismissed, {}
         out = []
         glance = zip(_KEY.iter_unpack(keys), self._glance.iter_unpack(values))
         for i, ((key,), (start, state, seq)) in enumerate(glance):
             if state == ST_IDLE:
+                continue
+            if dismissed.get(key) == start:
+                still[key] = start
                 continue
             seen = last.get(key)
             if seen is not None and seen[0] == (start, seq) and not seq % 2:
@@ -480,8 +487,15 @@ class NetProbe:
                     state = ST_READING
             now[key] = ((start, seq), ex)
             out.append((ex, state))
-        self._last_seen = now
+        self._last_seen, self._dismissed = now, still
         return out
+
+    def dismiss(self, ex: Exchange) -> None:
+        """The agent reported the open exchange ``ex`` itself (its framing
+        said it ended): open_exchanges passes its connection over from now
+        on, until another exchange begins there or the connection goes. A
+        quiet keep-alive connection then costs a tick a glance at its entry."""
+        self._dismissed[(ex.tgid << 32) | ex.fd] = ex.start_ns
 
     def _with_payload(self, key: int, ex: Exchange) -> Exchange:
         """An open exchange with the payload pieces the kernel keeps beside it."""
