@@ -287,14 +287,14 @@ class NetProbe:
         self._decode = decode = ExchangeDecoder(self._conn_type, name_of)
         self._copy = MapCopy(self._conns, "conns")
         # a quiet keep-alive connection stays in the map for good: the flush tick
-        # glances at (start_ns, state, seq) and decodes only entries that
-        # changed since. start_ns tells a new connection on the same fd from
-        # the old one, whose seq may have been the same.
-        self._glance = self._decode.layout.subset("start_ns", "state", "seq")
+        # glances at (start_ns, state, pipeline, seq) and decodes only entries
+        # that changed since. start_ns tells a new connection on the same fd
+        # from the old one, whose seq may have been the same.
+        self._glance = self._decode.layout.subset("start_ns", "state", "pipeline", "seq")
         self._last_seen: dict[int, tuple[int, Exchange]] = {}  # key -> (seq, decoded)
         # and one the agent reported itself (dismiss) is passed over at a glance
         # until another exchange begins on it: most of a gateway's thousands
-        self._dismissed: dict[int, int] = {}  # key -> the reported exchange's start_ns
+        self._dismissed: dict[int, tuple[int, int]] = {}  # key -> the reported (start_ns, pipeline)
         self._notice_map = self._bpf["notices"]
 
         self._bodies = self._bpf["bodies"]
@@ -472,11 +472,11 @@ class NetProbe:
         dismissed, still = self._dismissed, {}
         out = []
         glance = zip(_KEY.iter_unpack(keys), self._glance.iter_unpack(values))
-        for i, ((key,), (start, state, seq)) in enumerate(glance):
+        for i, ((key,), (start, state, pipeline, seq)) in enumerate(glance):
             if state == ST_IDLE:
                 continue
-            if dismissed.get(key) == start:
-                still[key] = start
+            if dismissed.get(key) == (start, pipeline):
+                still[key] = start, pipeline
                 continue
             seen = last.get(key)
             if seen is not None and seen[0] == (start, seq) and not seq % 2:
@@ -493,9 +493,10 @@ class NetProbe:
     def dismiss(self, ex: Exchange) -> None:
         """The agent reported the open exchange ``ex`` itself (its framing
         said it ended): open_exchanges passes its connection over from now
-        on, until another exchange begins there or the connection goes. A
-        quiet keep-alive connection then costs a tick a glance at its entry."""
-        self._dismissed[(ex.tgid << 32) | ex.fd] = ex.start_ns
+        on, until another exchange begins there (a new start, or the next
+        response of pipelined requests) or the connection goes. A quiet
+        keep-alive connection then costs a tick a glance at its entry."""
+        self._dismissed[(ex.tgid << 32) | ex.fd] = ex.start_ns, ex.pipeline
 
     def _with_payload(self, key: int, ex: Exchange) -> Exchange:
         """An open exchange with the payload pieces the kernel keeps beside it."""

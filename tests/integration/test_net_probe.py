@@ -155,7 +155,8 @@ def test_an_exchange_the_agent_reported_is_passed_over_until_the_next_begins(pro
     already reported by the agent's flush, cost the agent 11-14 % of a core
     being decoded and looked at every tick. Dismissed, an entry is not given
     again (nor counted in flight), however often its seq moves, until
-    another exchange begins on its connection."""
+    another exchange begins on its connection: a new request, or the next
+    response of pipelined ones (the same start, the next pipeline index)."""
     server = Server(None)
     try:
         probe.track(server.pid)
@@ -174,6 +175,11 @@ def test_an_exchange_the_agent_reported_is_passed_over_until_the_next_begins(pro
         entry.seq += 2  # a late write to the same exchange: still the one reported
         probe._conns[key] = entry
         assert paths() == [b"/busy"]
+        entry.pipeline += 1  # the next response of pipelined requests: their common start
+        probe._conns[key] = entry
+        assert paths() == [b"/busy", b"/quiet"]
+        entry.pipeline -= 1
+        probe._conns[key] = entry
         quiet.request("GET", "/again")  # the next exchange on the same connection
         wait_until(lambda: paths() == [b"/again", b"/busy"], 5, "the next exchange to be open")
         quiet.close()
