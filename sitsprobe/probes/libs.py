@@ -24,16 +24,15 @@ def mapped_libraries(pid: int, kinds: dict[str, re.Pattern], needle: str,
                      proc: str = "/proc") -> list[MappedLibrary]:
     """The libraries pid maps whose file name matches one of ``kinds``
     (kind -> pattern); only lines containing ``needle`` are parsed (a big
-    process has thousands of mappings). Empty if it is gone."""
+    process has thousands of mappings: a thread-per-connection server, a
+    stack each). Empty if it is gone."""
     try:
         with open(f"{proc}/{pid}/maps") as f:
-            lines = f.read().splitlines()
+            text = f.read()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return []
     found: dict[tuple[str, int], MappedLibrary] = {}
-    for line in lines:
-        if needle not in line:
-            continue
+    for line in _lines_with(text, needle):
         parts = line.split(None, 5)
         if len(parts) < 6 or not parts[5].startswith("/") or parts[5].endswith(" (deleted)"):
             continue
@@ -43,3 +42,19 @@ def mapped_libraries(pid: int, kinds: dict[str, re.Pattern], needle: str,
             if pattern.match(name) and (parts[3], inode) not in found:
                 found[(parts[3], inode)] = MappedLibrary(kind, path, parts[3], inode)
     return list(found.values())
+
+
+def _lines_with(text: str, needle: str) -> list[str]:
+    """The lines of ``text`` that contain ``needle``, found by str.find: a
+    Python loop over every line of a big maps file cost the agent more than
+    all else it did a tick for a quiet server (bench/bench_idle.py)."""
+    out = []
+    at = text.find(needle)
+    while at != -1:
+        start = text.rfind("\n", 0, at) + 1
+        end = text.find("\n", at)
+        if end == -1:
+            end = len(text)
+        out.append(text[start:end])
+        at = text.find(needle, end)
+    return out

@@ -21,32 +21,27 @@ from ..markers._native import FUNCTIONS
 from ..events import MarkerEvent
 from . import side_by_side
 from .compiler import compile_module
+from .libs import mapped_libraries
 from .net import bpf_dir, source_flags
 from .ring import DrainBudget
 
 # exported function -> BPF function in bpf/markers.c
 HOOKS = {sym: f"on_{sym.removeprefix('sitsprobe_')}" for sym in FUNCTIONS}  # symbol -> program
-_LIBRARY = re.compile(r"/libsitsprobe_markers[^/]*\.so$")
+_LIBRARY = {"markers": re.compile(r"libsitsprobe_markers[^/]*\.so$")}  # by file name
 
 
 def find_marker_libraries(proc: str = "/proc", pids: Iterable[int] | None = None) -> set[str]:
     """Every libsitsprobe_markers*.so mapped by a process (by the given pids
     only, when given), as a path this process can open: the path itself, or
     through /proc/<pid>/root when the process sees another file there
-    (another mount namespace: a container)."""
+    (another mount namespace: a container). A replaced file (" (deleted)")
+    is not ours to probe."""
     found = set()
     for pid in os.listdir(proc) if pids is None else map(str, pids):
         if not pid.isdigit():
             continue
-        try:
-            with open(f"{proc}/{pid}/maps") as f:
-                paths = {ln.split(None, 5)[5].rstrip("\n")
-                         for ln in f if "libsitsprobe_markers" in ln}
-        except (OSError, IndexError):
-            continue
-        for path in paths:
-            if _LIBRARY.search(path):  # " (deleted)" fails the match: replaced, not ours to probe
-                found.add(_reachable(proc, pid, path))
+        for lib in mapped_libraries(int(pid), _LIBRARY, "/libsitsprobe_markers", proc):
+            found.add(_reachable(proc, pid, lib.path))
     found.discard("")
     return found
 
