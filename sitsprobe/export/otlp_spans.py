@@ -187,20 +187,20 @@ def _key_values(attributes: Mapping[str, object]) -> list[bytes]:
                 k = _field(b"\x0a", key.encode()) + b"\x12"
                 if len(keys) < _MAX_KEYS_KEPT:
                     keys[key] = k
-            if t is str:
+            if t is str:  # v: the AnyValue, after its length
                 v = _field(b"\x0a", value.encode())
+                v = _varint(len(v)) + v
             elif t is int and _INT64_MIN <= value <= _INT64_MAX:
                 v = b"\x18" + _varint(value & _UINT64)
+                v = _varint(len(v)) + v
             elif t is float:
-                v = b"\x09\x21" + _pack_double(value)
+                v = b"\x09\x21" + _pack_double(value)  # 9: the tag and 8 bytes
             elif t is bool:
                 v = b"\x02\x10\x01" if value else b"\x02\x10\x00"
             else:
                 av = AnyValue()
                 _set_value(av, value)
                 v = av.SerializeToString()
-                v = _varint(len(v)) + v
-            if t is str or t is int:
                 v = _varint(len(v)) + v
         except (TypeError, ValueError) as e:
             log.warning("cannot encode attribute %s: %s", key, e)

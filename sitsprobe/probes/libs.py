@@ -45,9 +45,9 @@ def mapped_libraries(pid: int, kinds: dict[str, re.Pattern], needle: str,
 
 
 def _lines_with(text: str, needle: str) -> list[str]:
-    """The lines of ``text`` that contain ``needle``, found by str.find: a
-    Python loop over every line of a big maps file cost the agent more than
-    all else it did a tick for a quiet server (bench/bench_idle.py)."""
+    """The lines of ``text`` that contain ``needle``, found by str.find
+    rather than by a Python loop over every line of a maps file that may
+    hold a line per thread's stack."""
     out = []
     at = text.find(needle)
     while at != -1:
