@@ -17,6 +17,7 @@
 #include <uapi/linux/ptrace.h>
 #include "sitsprobe.h"
 #include "user_read.h"
+#include "ring_wake.h"
 
 #define AF_INET_ 2
 #define AF_INET6_ 10
@@ -43,7 +44,7 @@ BPF_TABLE("lru_hash", u64, s32, cache_thread_fd, 16384);
 BPF_HASH(cache_accepting, u64, u64, 1024);
 BPF_HASH(cache_procs, u32, u8, 4096);
 BPF_HASH(cache_comms, struct comm_key, u8, 64);
-BPF_PERCPU_ARRAY(cache_wake, u32, 1);
+BPF_PERCPU_ARRAY(cache_written, u64, 1); /* bytes this CPU wrote to cache_events */
 BPF_RINGBUF_OUTPUT(cache_events, CACHE_RING_PAGES);
 
 static __always_inline void cache_count(u32 slot, u32 idx, u64 n)
@@ -260,12 +261,8 @@ static __always_inline int on_return(struct pt_regs *ctx, u32 slot)
             e->flags |= CE_PEER;
         }
     }
-    u64 wake = BPF_RB_NO_WAKEUP; /* a wake-up costs the server microseconds */
     u32 zero = 0;
-    u32 *w = cache_wake.lookup(&zero);
-    if (w && ((*w)++ & (CACHE_WAKE_EVERY - 1)) == 0)
-        wake = BPF_RB_FORCE_WAKEUP;
-    cache_events.ringbuf_submit(e, wake);
+    cache_events.ringbuf_submit(e, ring_wake(cache_written.lookup(&zero), sizeof(*e), CACHE_WAKE_BYTES));
 out:
     cache_inflight.delete(&ck);
     return 0;

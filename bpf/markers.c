@@ -9,9 +9,11 @@
 #include <uapi/linux/ptrace.h>
 #include "sitsprobe.h"
 #include "user_read.h"
+#include "ring_wake.h"
 
 BPF_RINGBUF_OUTPUT(marker_events, MARKER_RING_PAGES);
 BPF_PERCPU_ARRAY(marker_counters, u64, MC_COUNTERS);
+BPF_PERCPU_ARRAY(marker_written, u64, 1); /* bytes this CPU wrote to marker_events */
 
 static __always_inline void count(int idx, u64 n)
 {
@@ -41,17 +43,18 @@ static __always_inline struct marker_event *start(u32 kind, u64 ts)
     return e;
 }
 
-/* Wake the agent only every MARKER_WAKEUP_EVERY-th event of a CPU; otherwise it
- * drains the ring on its own clock (MarkerProbe.poll). A wakeup per event
- * (flags 0, whenever the agent has caught up) cost an engine making a call
- * every 20 us 8-14 us per call here, instead of 1.4 us. */
+/* Wake the agent only once per MARKER_WAKE_BYTES a CPU writes (ring_wake.h);
+ * otherwise it drains the ring on its own tick. A wakeup per event (flags 0,
+ * whenever the agent has caught up) cost an engine making a call every 20 us
+ * 8-14 us per call here, instead of 1.4 us. */
 static __always_inline void submit(struct marker_event *e)
 {
     int idx = MC_EVENTS;
     u64 *n = marker_counters.lookup(&idx);
-    u64 seq = n ? ++*n : 0;
-    marker_events.ringbuf_submit(e, seq % MARKER_WAKEUP_EVERY ? BPF_RB_NO_WAKEUP
-                                                             : BPF_RB_FORCE_WAKEUP);
+    if (n)
+        ++*n;
+    idx = 0;
+    marker_events.ringbuf_submit(e, ring_wake(marker_written.lookup(&idx), sizeof(*e), MARKER_WAKE_BYTES));
 }
 
 /* k in [1, cap], in a form the verifier can bound (cap: a power of two) */

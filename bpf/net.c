@@ -16,6 +16,7 @@
 #include <asm/unistd.h>
 #include "sitsprobe.h"
 #include "user_read.h"
+#include "ring_wake.h"
 
 #define AF_UNIX_ 1
 #define AF_INET_ 2
@@ -146,6 +147,7 @@ static __always_inline void tail(void *ctx, int user, int i)
 NET_RINGBUF(exchanges, RINGBUF_PAGES);
 NET_RINGBUF(notices, 64);
 NET_RINGBUF(streams, STREAM_PAGES);
+NET_MAP("percpu_array", int, __u64, ring_written, 2); /* bytes this CPU wrote to exchanges, streams */
 NET_MAP("percpu_array", int, struct chunk, chunk_bufs, 1);
 NET_MAP("hash", __u32, __u8, tls_procs, 4096);                   /* tgid -> its TLS library is hooked */
 NET_MAP("lru_hash", __u32, __u64, tls_threads, 16384);  /* tid -> the CF_TLS conn it last read or wrote */
@@ -155,6 +157,13 @@ static __always_inline void count(int idx)
     __u64 *v = counters.lookup(&idx);
     if (v)
         (*v)++;
+}
+
+/* The submit flags of `size` bytes to ring `ring` (0 exchanges, 1 streams):
+ * drained on the agent's tick, sooner when a quarter full (ring_wake.h). */
+static __always_inline __u64 wake(int ring, __u64 size)
+{
+    return ring_wake(ring_written.lookup(&ring), size, RING_WAKE_BYTES);
 }
 
 static __always_inline __u64 conn_key(__u32 tgid, __u32 fd)
@@ -477,7 +486,7 @@ static __always_inline void report(struct conn *c, __u8 reason)
     e->reason = reason;
     if (bpf_get_current_pid_tgid() >> 32 == c->tgid) /* else a TCP state change's softirq: its comm stays */
         bpf_get_current_comm(&e->comm, sizeof(e->comm));
-    exchanges.ringbuf_submit(e, BPF_RB_NO_WAKEUP); /* drained on the agent's tick */
+    exchanges.ringbuf_submit(e, wake(0, b ? sizeof(struct conn_body) : sizeof(struct conn)));
     count(C_EXCHANGES);
 }
 
@@ -632,7 +641,7 @@ static __always_inline int send_beat_(void *ctx, int user)
     e->peek_len = 0;
     if (buf && peek && read_user(e->peek, peek, (void *)buf) == 0)
         e->peek_len = peek;
-    exchanges.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    exchanges.ringbuf_submit(e, wake(0, sizeof(struct beat)));
     return 0;
 }
 #ifdef TLS_MODULE /* for the library's returns */
@@ -1110,7 +1119,7 @@ static __always_inline int send_chunk_(void *ctx, int user)
     __u64 size = sizeof(struct chunk_head) + (off & (2 * CHUNK_CAP - 1));
     if (size > sizeof(struct chunk))
         size = sizeof(struct chunk);
-    if (streams.ringbuf_output(ch, size, BPF_RB_NO_WAKEUP))
+    if (streams.ringbuf_output(ch, size, wake(1, size)))
         count(C_CHUNKS_LOST);
     return 0;
 }
@@ -1125,7 +1134,7 @@ static __always_inline void close_chunk(struct conn *c)
 {
     struct chunk_head h = {.tgid = c->tgid, .fd = c->fd, .ts_ns = bpf_ktime_get_ns(), .flags = c->flags,
                            .dir = CH_CLOSE, .t = c->t};
-    if (streams.ringbuf_output(&h, sizeof(h), BPF_RB_NO_WAKEUP))
+    if (streams.ringbuf_output(&h, sizeof(h), wake(1, sizeof(h))))
         count(C_CHUNKS_LOST);
 }
 

@@ -9,6 +9,8 @@
  *   HEAD_SCAN            request head bytes searched for trace context headers
  *   MAX_CONNS            connections tracked at once
  *   RINGBUF_PAGES        exchange ring buffer size in pages (power of two)
+ *   RING_WAKE_BYTES      bytes one CPU writes to the exchanges or the streams ring
+ *                        between two wakeups of the agent (power of two; ring_wake.h)
  *   NET_TIER             where the bytes of socket calls are read: NET_TIER_SOCK (raw
  *                        tracepoints sock:sock_send_length/sock_recv_length, the call's
  *                        arguments from the syscall's registers) or NET_TIER_SYSCALL (the
@@ -115,6 +117,9 @@
 #endif
 #ifndef STREAM_PAGES
 #define STREAM_PAGES 4096
+#endif
+#ifndef RING_WAKE_BYTES
+#define RING_WAKE_BYTES (1 << 20)
 #endif
 /* iovec entries of a vectored call copied a run of send_chunk: 33 runs (the
  * kernel's tail-call limit) copy 396 entries. The verifier's work grows
@@ -458,9 +463,9 @@ struct cuda_wait {
  *   CACHE_KEY_CAP      key bytes copied per look-up (power of two, 16..256)
  *   CACHE_RING_PAGES   look-up ring buffer size in pages (power of two)
  *   CACHE_MAX_PEERS    client connections remembered, (tgid, fd) -> peer
- *   CACHE_WAKE_EVERY   wake the reader once per this many events per CPU (power
- *                      of two); it also drains the ring at each poll timeout, so
- *                      a look-up is not paying for a wake-up each
+ *   CACHE_WAKE_BYTES   bytes one CPU writes to the ring between two wakeups of the
+ *                      reader (power of two; ring_wake.h): it drains the ring on its
+ *                      own tick, so a look-up is not paying for a wake-up each
  */
 #ifndef CACHE_KEY_CAP
 #define CACHE_KEY_CAP 64
@@ -471,8 +476,8 @@ struct cuda_wait {
 #ifndef CACHE_MAX_PEERS
 #define CACHE_MAX_PEERS 65536
 #endif
-#ifndef CACHE_WAKE_EVERY
-#define CACHE_WAKE_EVERY 64
+#ifndef CACHE_WAKE_BYTES
+#define CACHE_WAKE_BYTES (1 << 18)
 #endif
 #define CACHE_SLOTS 8      /* cache probes one program serves: cache_enter_0..7 */
 #define CACHE_LAT_SLOTS 65 /* bpf_log2l(ns): slot s holds [2^(s-1), 2^s) ns */
@@ -548,7 +553,8 @@ struct cache_event {
  * Load-time settings (-D, see sitsprobe/probes/markers.py):
  *   MARKER_RING_PAGES   marker ring buffer size in pages (power of two)
  *   MARKER_MAX_IDS      request ids sent per batch call (a multiple of MARKER_IDS)
- *   MARKER_WAKEUP_EVERY wake the agent every this many events of a CPU
+ *   MARKER_WAKE_BYTES   bytes one CPU writes to the ring between two wakeups of the
+ *                       agent (power of two; ring_wake.h)
  */
 #ifndef MARKER_RING_PAGES
 #define MARKER_RING_PAGES 1024
@@ -556,8 +562,8 @@ struct cache_event {
 #ifndef MARKER_MAX_IDS
 #define MARKER_MAX_IDS 256
 #endif
-#ifndef MARKER_WAKEUP_EVERY
-#define MARKER_WAKEUP_EVERY 64
+#ifndef MARKER_WAKE_BYTES
+#define MARKER_WAKE_BYTES (1 << 19)
 #endif
 #define MARKER_NAME 32 /* stage, cache or model name, NUL included */
 #define MARKER_KEY 64  /* cache key bytes copied (a power of two) */

@@ -112,7 +112,6 @@ CE_TRUNCATED, CE_PEER = 0x01, 0x02
 MARKER_NAME = 32  # stage, cache or model name bytes, NUL included
 MARKER_KEY = 64  # cache key bytes copied
 MARKER_IDS = 16  # request ids per batch event
-MARKER_EVENT_BYTES = 328  # sizeof(struct marker_event) and the ring's 8-byte record header
 
 # enum marker_kind: struct marker_event.kind, by the marker library's call
 # (a range is one event, its begin and end joined in the kernel)

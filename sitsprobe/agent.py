@@ -128,6 +128,7 @@ class Agent:
         self._shapes: dict[int, tuple[str, str] | None] = {}  # the kernel's shape -> (method, route)
         self.probe = None
         self.markers = None
+        self._rings = None  # RingWait over every probe's rings, from start()
         self._unprobed: set[int] = set()  # engines whose markers library could not be probed
         self.cache = None  # CacheProbe
         self.cache_stats = None
@@ -157,6 +158,7 @@ class Agent:
         from .probes.memory import release_compiler
         from .probes.net import NetProbe
         from .probes.net_plan import load_net
+        from .probes.ring import RingWait
 
         mounted = tracefs.ensure_mounted()
         if mounted:
@@ -169,6 +171,7 @@ class Agent:
         finally:
             ahead.close()  # a compile for a guess the probe belied goes
         self.hooks = {point: str(h) for point, h in net.hooks.items() if h}
+        self._rings = RingWait(self.probe.ring_fds())
         if self.probe.bins is not None:
             self.metrics.bins = self._bin_rows  # read at every scrape
             self._kernel_sampling()
@@ -275,6 +278,7 @@ class Agent:
             from .probes.cache import CacheProbe
             self.cache = CacheProbe(c.probes, self.cache_stats.observe)
             self.cache_stats.kernel = self.cache.kernel_counts
+            self._rings.add(self.cache.ring_fds())
             self.hooks.update(self.cache.hooks())
         registry.register(self.cache_stats)
 
@@ -514,6 +518,8 @@ class Agent:
                 raise ProbeAttachError("markers", "bpf/markers.c", str(e)) from e
             release_compiler()
             self.hooks["engine_markers"] = f"{MarkerProbe.hook} libsitsprobe_markers"
+            if self._rings is not None:
+                self._rings.add(self.markers.ring_fds())
         return self.markers
 
     def _find_engines(self) -> None:
@@ -720,11 +726,14 @@ class Agent:
         rescan_every = self.config.select.rescan_interval_s
         next_flush = next_rescan = next_second = time.monotonic()
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            # asleep until a tick is due, unless a ring could fill before (probes/ring.py)
+            due = min(next_flush, next_second, next_rescan, deadline or next_flush)
+            self._rings.wait(due - time.monotonic())
             if self.markers is not None:
-                self.markers.poll(0)  # markers first: their requests are about to end
+                self.markers.consume()  # markers first: their requests are about to end
             if self.cache is not None:
                 self.cache.consume()
-            self.probe.poll(50)
+            self.probe.consume()
             self.probe.tls.attach_waiting()  # once its programs are loaded (a thread's work)
             now = time.monotonic()
             if now >= next_flush:
@@ -820,6 +829,9 @@ class Agent:
         if self.probe is not None:
             self.probe.close()
             self.probe = None
+        if self._rings is not None:
+            self._rings.close()
+            self._rings = None
 
     def _signal_tallies(self) -> dict:
         """OTLP metrics and alert logs, where they are exported: signal -> Tally."""

@@ -31,7 +31,7 @@ from . import side_by_side
 from .compiler import compile_module
 from .hooks import TRACEPOINT, UPROBE, Hook
 from .net import bpf_dir, source_flags
-from .ring import DrainBudget
+from .ring import DrainBudget, wake_bytes
 
 log = logging.getLogger("sitsprobe.cache")
 
@@ -49,15 +49,16 @@ def _pow2(v: int) -> bool:
 
 
 def cflags(*, key_bytes: int = 64, ring_buffer_mib: int = 4, max_peers: int = 65536,
-           wake_every: int = 64) -> list[str]:
-    """Load-time settings as -D constants (bpf/sitsprobe.h, cache block)."""
+           cpus: int | None = None) -> list[str]:
+    """Load-time settings as -D constants (bpf/sitsprobe.h, cache block);
+    wakeups as ring.wake_bytes sizes them."""
     if key_bytes not in (16, 32, 64, 128, 256):
         raise ValueError("key_bytes must be 16, 32, 64, 128 or 256")
-    if not _pow2(ring_buffer_mib) or not _pow2(wake_every):
-        raise ValueError("ring_buffer_mib and wake_every must be powers of two")
+    if not _pow2(ring_buffer_mib):
+        raise ValueError("ring_buffer_mib must be a power of two")
     return [*source_flags(), f"-DCACHE_KEY_CAP={key_bytes}",
             f"-DCACHE_RING_PAGES={ring_buffer_mib * 256}", f"-DCACHE_MAX_PEERS={max_peers}",
-            f"-DCACHE_WAKE_EVERY={wake_every}"]
+            f"-DCACHE_WAKE_BYTES={wake_bytes(ring_buffer_mib << 20, cpus)}"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,13 +297,16 @@ class CacheProbe:
             truncated=bool(e.flags & CE_TRUNCATED) or e.key_size > n,
             duration_ns=e.duration_ns, tgid=e.tgid, tid=e.tid, fd=e.fd, peer=peer)
 
+    def ring_fds(self) -> list[int]:
+        """The ring the agent waits on (ring.RingWait)."""
+        return [self._events.map_fd]
+
     def poll(self, timeout_ms: int) -> None:
         """Wait up to timeout_ms for a wake-up, then deliver everything in the ring
-        (the kernel wakes the reader only every CACHE_WAKE_EVERY events)."""
+        (the kernel wakes the reader once per CACHE_WAKE_BYTES a CPU writes)."""
         self._budget.refill()
         self._bpf.ring_buffer_poll(timeout_ms)
-        self._budget.refill()
-        self._bpf.ring_buffer_consume()
+        self.consume()
 
     def consume(self) -> None:
         """Deliver what is in the ring now (a bounded batch), without waiting."""

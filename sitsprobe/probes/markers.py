@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
-from ..abi import (MARKER_COUNTERS as COUNTERS, MARKER_EVENT_BYTES as EVENT_BYTES, MARKER_IDS,
+from ..abi import (MARKER_COUNTERS as COUNTERS, MARKER_IDS,
                    MARKER_KINDS as KINDS, MK_BATCH)
 from ..errors import ProbeAttachError
 from ..markers._native import FUNCTIONS
@@ -23,7 +23,7 @@ from . import side_by_side
 from .compiler import compile_module
 from .libs import mapped_libraries
 from .net import bpf_dir, source_flags
-from .ring import DrainBudget
+from .ring import DrainBudget, wake_bytes
 
 # exported function -> BPF function in bpf/markers.c
 HOOKS = {sym: f"on_{sym.removeprefix('sitsprobe_')}" for sym in FUNCTIONS}  # symbol -> program
@@ -123,12 +123,9 @@ OPEN_RANGES = 16384  # ranges begun and not yet ended that the kernel keeps, all
 
 
 def cflags(ring_pages: int, max_batch_ids: int, cpus: int | None = None) -> list[str]:
-    """-D settings. Wakeups: often enough that the ring cannot fill between
-    two, with every CPU one short of its next wakeup (a quarter of it, to spare)."""
-    capacity = ring_pages * 4096 // EVENT_BYTES
-    wakeup_every = max(1, capacity // (4 * (cpus or os.cpu_count() or 1)))
+    """-D settings; wakeups as ring.wake_bytes sizes them."""
     return [*source_flags(), f"-DMARKER_RING_PAGES={ring_pages}", f"-DMARKER_OPEN_RANGES={OPEN_RANGES}",
-            f"-DMARKER_MAX_IDS={max_batch_ids}", f"-DMARKER_WAKEUP_EVERY={wakeup_every}"]
+            f"-DMARKER_MAX_IDS={max_batch_ids}", f"-DMARKER_WAKE_BYTES={wake_bytes(ring_pages * 4096, cpus)}"]
 
 
 class MarkerProbe:
@@ -223,11 +220,19 @@ class MarkerProbe:
         """The library paths attached, in the order they were attached."""
         return [path for path, _ in self._attached.values()]
 
+    def ring_fds(self) -> list[int]:
+        """The ring the agent waits on (ring.RingWait)."""
+        return [self._ring.map_fd]
+
     def poll(self, timeout_ms: int) -> None:
-        """Wait up to timeout_ms (less when the ring wakes us, see bpf/markers.c),
+        """Wait up to timeout_ms (less when the ring wakes us, see bpf/ring_wake.h),
         then hand every event in the ring to on_event."""
         self._budget.refill()
         self._bpf.ring_buffer_poll(timeout_ms)
+        self.consume()
+
+    def consume(self) -> None:
+        """Hand on what the ring holds now (a bounded batch), without waiting."""
         self._budget.refill()
         self._bpf.ring_buffer_consume()
 

@@ -25,7 +25,7 @@ from .hooks import FENTRY, KPROBE, RAW_TRACEPOINT, TRACEPOINT, Hook
 from .layout import Layout
 from .maps import MapCopy
 from .pins import pinned
-from .ring import DrainBudget
+from .ring import DrainBudget, wake_bytes
 from .tls import SYMBOLS as TLS_SYMBOLS, TlsHooks
 
 _HOOK_CODE = {FENTRY: TCP_SENDMSG_FENTRY, KPROBE: TCP_SENDMSG_KPROBE, TRACEPOINT: TCP_SENDMSG_TRACEPOINT}
@@ -102,6 +102,7 @@ def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
         f"-DMAX_CONNS={max_connections}",
         f"-DRINGBUF_PAGES={ring_buffer_mib * 256}",
         f"-DSTREAM_PAGES={ring_buffer_mib * 256}",
+        f"-DRING_WAKE_BYTES={wake_bytes(ring_buffer_mib << 20)}",
         f"-DNET_TIER={tier}",
         *([f"-DTCP_SENDMSG_HOOK={_HOOK_CODE[tcp_sendmsg.kind]}"] if tier == NET_TIER_SYSCALL else []),
         f"-DRUNQ={int(run_queue)}",
@@ -445,11 +446,18 @@ class NetProbe:
                 inflight.pop(inflight.Key((tgid << 32) | r.tid), None)
         return len(waiting & set(reads))
 
+    def ring_fds(self) -> list[int]:
+        """The rings the agent waits on (ring.RingWait): exchanges, notices, streams."""
+        return [self._bpf[name].map_fd for name in ("exchanges", "notices", "streams")]
+
     def poll(self, timeout_ms: int) -> None:
-        """Wait up to timeout_ms (exchanges never wake us: a wakeup per event
-        would cost the traced server microseconds per request), then drain."""
+        """Wait up to timeout_ms for a ring's wakeup (see bpf/ring_wake.h), then drain."""
         self._budget.refill()
         self._bpf.ring_buffer_poll(timeout_ms)
+        self.consume()
+
+    def consume(self) -> None:
+        """Hand on what the rings hold now (a bounded batch), without waiting."""
         self._budget.refill()
         self._bpf.ring_buffer_consume()
         if self._beats_read != self._beats_told:  # the kernel's write events may use the room again

@@ -186,3 +186,55 @@ def test_close_leaves_nothing_behind():
     assert tracefs.leftovers() == []
     with open(os.path.join(tracefs.tracefs_path(), "uprobe_events")) as f:
         assert "libsitsprobe_markers" not in f.read()
+
+
+CALLER = """
+import os, sys
+from sitsprobe import markers
+os.sched_setaffinity(0, {0})  # one CPU: its count of the ring's bytes is what wakes
+print(markers.library_path(), flush=True)
+for line in sys.stdin:
+    for i in range(int(line)):
+        markers.cache_get("prefix", f"key/{i}", hit=True, request_id=7)
+    print("done", flush=True)
+"""
+
+
+def test_the_ring_wakes_the_agent_when_it_could_fill_not_per_event():
+    """bpf/ring_wake.h: a few events leave the agent asleep (they wait for its
+    tick); a CPU writing more than ring.wake_bytes wakes it at once."""
+    require_root()
+    from sitsprobe.probes.markers import MarkerProbe
+    from sitsprobe.probes.ring import RingWait, wake_bytes
+
+    seen = Seen()
+    pages = 16  # 64 KiB: a wakeup every 8 KiB a CPU writes on 2 CPUs
+    p = MarkerProbe(markers.library_path(), seen, ring_pages=pages)
+    rings = RingWait(p.ring_fds())
+    caller = subprocess.Popen([sys.executable, "-c", textwrap.dedent(CALLER)], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert caller.stdout.readline().strip() == markers.library_path()
+
+        def calls(n: int) -> None:
+            caller.stdin.write(f"{n}\n")
+            caller.stdin.flush()
+            assert caller.stdout.readline() == "done\n"
+
+        calls(3)
+        assert rings.wait(0.3) is False, "three events woke the agent"
+        p.consume()
+        assert len(seen.of(caller.pid)) == 3
+        # struct marker_event is 224 to 512 bytes: this many write more than a
+        # wakeup's worth, so cross its threshold, and fill less than half the ring
+        n = wake_bytes(pages * 4096) // 224 + 1
+        assert n * 512 < pages * 4096 // 2
+        calls(n)
+        assert rings.wait(5) is True, f"{n} events on one CPU did not wake the agent"
+        p.consume()
+        assert len(seen.of(caller.pid)) == 3 + n and p.counters()["lost"] == 0
+    finally:
+        caller.stdin.close()
+        caller.wait(10)
+        rings.close()
+        p.close()

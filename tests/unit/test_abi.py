@@ -42,7 +42,6 @@ ORDERED = {"NET_COUNTERS": "counter", "CUDA_FN_NAMES": "cuda_fn", "CUDA_COUNTERS
 # abi's maps by the enum whose every value they must hold, as keys or as values
 MAPS = {"MARKER_KINDS": ("marker_kind", dict.keys), "CACHE_KEY_KINDS": ("cache_key_kind", dict.values),
         "CACHE_HIT_OPS": ("cache_hit_op", dict.values)}
-EVENT_SIZE = "sizeof(struct marker_event)"  # abi.MARKER_EVENT_BYTES: this and the ring's header
 
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 _ENUM = re.compile(r"\benum\s+(\w+)\s*\{(.*?)\}", re.S)
@@ -73,7 +72,7 @@ def parse(text: str) -> tuple[dict[str, list[str]], list[list[str]]]:
 
 def compiled(header: Path, names: list[str], workdir: Path) -> dict[str, int]:
     """Each name's value as a C compiler sees it with the header included."""
-    lines = [f'    printf("%s %lld\\n", "{n}", (long long)({n}));' for n in [*names, EVENT_SIZE]]
+    lines = [f'    printf("%s %lld\\n", "{n}", (long long)({n}));' for n in names]
     src = workdir / "abi_dump.c"
     src.write_text(f'{PRELUDE}#include "{header}"\nint main(void)\n{{\n' + "\n".join(lines)
                    + "\n    return 0;\n}\n")
@@ -94,7 +93,7 @@ def disagreements(header: Path, workdir: Path) -> list[str]:
     problems = [f"{n}: {header.name} has {value[n]}, sitsprobe.abi {ours[n]}"
                 for n in names if n in ours and ours[n] != value[n]]
     problems += [f"{n}: in sitsprobe.abi, not in {header.name}"
-                 for n in ours if n not in value and n != "MARKER_EVENT_BYTES"]
+                 for n in ours if n not in value]
     for enum, members in enums.items():
         if missing := [n for n in members if n not in ours]:
             problems.append(f"enum {enum}: {', '.join(missing)} not in sitsprobe.abi")
@@ -114,9 +113,6 @@ def disagreements(header: Path, workdir: Path) -> list[str]:
     for map_name, (enum, held) in MAPS.items():
         if missing := [n for n in enums[enum] if value[n] not in held(getattr(abi, map_name))]:
             problems.append(f"{map_name}: no entry for {', '.join(missing)}")
-    if abi.MARKER_EVENT_BYTES != (record := (value[EVENT_SIZE] + 8 + 7) // 8 * 8):
-        problems.append(f"MARKER_EVENT_BYTES: sitsprobe.abi {abi.MARKER_EVENT_BYTES}, but {EVENT_SIZE} "
-                        f"{value[EVENT_SIZE]} and the ring's 8-byte record header, 8-aligned, is {record}")
     return problems
 
 

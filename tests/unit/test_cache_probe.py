@@ -8,11 +8,12 @@ from sitsprobe.request import Endpoint
 
 
 def test_cflags():
-    flags = probe.cflags(key_bytes=128, ring_buffer_mib=8, max_peers=1024, wake_every=32)
+    flags = probe.cflags(key_bytes=128, ring_buffer_mib=8, max_peers=1024, cpus=2)
     assert "-DCACHE_KEY_CAP=128" in flags and "-DCACHE_RING_PAGES=2048" in flags
-    assert "-DCACHE_MAX_PEERS=1024" in flags and "-DCACHE_WAKE_EVERY=32" in flags
+    assert "-DCACHE_MAX_PEERS=1024" in flags
+    assert "-DCACHE_WAKE_BYTES=1048576" in flags  # a quarter of 8 MiB between 2 CPUs
     assert flags[0].startswith("-I") and flags[0].endswith("_bpf")
-    for bad in ({"key_bytes": 100}, {"ring_buffer_mib": 3}, {"wake_every": 0}):
+    for bad in ({"key_bytes": 100}, {"ring_buffer_mib": 3}):
         with pytest.raises(ValueError):
             probe.cflags(**bad)
 
