@@ -9,6 +9,7 @@ Reproduce (no root, no network; about 30 s):
     .venv/bin/python bench/bench_pipeline.py
     .venv/bin/python bench/bench_pipeline.py --requests 20000 --repeat 7
     .venv/bin/python bench/bench_pipeline.py --genai     # streamed chat completions
+    .venv/bin/python bench/bench_pipeline.py --engine    # the same, with the engine's markers
 
 The exchanges are what the kernel gave the agent for nginx serving a paced
 client's keep-alive GETs (`bench/paced_client.py`, 8 connections): the same
@@ -21,6 +22,13 @@ exporter down (the last lines written). Printed, best of --repeat runs: CPU
 per request of the agent's main thread (time.thread_time: from the exchange
 to the span handed to the sink) and of the whole process (time.process_time:
 plus the file sink's thread, which encodes and writes).
+
+--engine: what the reference engine (examples/engine) makes of each such
+stream, ahead of it: the markers of one request (its begin and end, usage,
+tokenize, queue, prefill with its prefix look-up, h2d, d2h, a decode step a
+token past the first, each a batch of its own, and a detokenize a token) in
+the order the engine calls them, then its writes and its exchange, as the
+agent's loop has them (markers first). Every request is traced: 39 spans.
 
 --genai: streamed chat completions as bench/bench_genai.py's server writes
 them (the response head, --events content events, the final event with
@@ -43,15 +51,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from prometheus_client import CollectorRegistry  # noqa: E402
+
 from sitsprobe import config  # noqa: E402
 from bench.bench_genai import PATH, request_body, stream_writes  # noqa: E402
 from sitsprobe.abi import CF_BINNED, CF_BODY, CF_TCP, CF_TUPLE  # noqa: E402
 from sitsprobe.agent import Agent  # noqa: E402
-from sitsprobe.events import Beat, Exchange  # noqa: E402
+from sitsprobe.events import Beat, Exchange, MarkerEvent  # noqa: E402
 from sitsprobe.export.otlp import TraceExporter  # noqa: E402
 from sitsprobe.request import Endpoint, Payload, Write  # noqa: E402
 
 PID, CONNS, PORT = 4242, 8, 38881
+ENGINE_TOKENS, ENGINE_SPANS = 16, 39  # bench_cost's engine load: --max-tokens 16, and the spans it makes
 SHAPE = 1116503485011412577  # the kernel's hash of "GET" and "/index.html"
 REQ = b"GET /index.html HTTP/1.1\r\nHost: 127.0.0.1:38881\r\nUser-Agent: sitsprobe-paced\r\n\r\n"
 RESP = (b"HTTP/1.1 200 OK\r\nServer: nginx/1.22.1\r\nDate: Thu, 03 Dec 2026 11:10:39 GMT\r\n"
@@ -104,6 +115,39 @@ def streamed(n: int, start_ns: int, events: int) -> list[tuple[list[Beat], Excha
     return out
 
 
+def engine_markers(exs: list[tuple[list[Beat], Exchange]], tokens: int) -> list[tuple[list, list[Beat], Exchange]]:
+    """Each streamed exchange of ``exs`` with the markers the reference engine
+    calls for it, between its request's start and its first write."""
+    out = []
+    for i, (beats, ex) in enumerate(exs):
+        rid, t, tid = 1 + i, ex.start_ns, PID + 1 + ex.fd
+        step = (beats[0].write.ts_ns - t) // (3 * tokens + 8)
+        clock = iter(range(t + step, t + 10**9, step))
+        ev = [MarkerEvent("request_begin", t, PID, tid, rid, fd=ex.fd, name="tiny-gpt")]
+
+        def stage(name: str, batch_id: int = 0) -> None:
+            begin = next(clock)
+            ev.append(MarkerEvent("range", next(clock), PID, tid, 0 if batch_id else rid, batch_id, name=name,
+                                  begin_ns=begin))
+        for name in ("tokenize", "queue", "prefill", "prefix_lookup"):
+            stage(name)
+        ev.append(MarkerEvent("cache_get", next(clock), PID, tid, rid, name="prefix", key=f"p/{i % 64}",
+                              hit=i % 4 > 0))
+        stage("h2d")
+        stage("d2h")
+        for k in range(1, tokens):
+            batch_id = i * tokens + k
+            ev.append(MarkerEvent("batch", next(clock), PID, tid, batch_id=batch_id, request_ids=(rid,)))
+            stage("decode", batch_id)
+        for _ in range(tokens):
+            stage("detokenize")
+        ev.append(MarkerEvent("usage", next(clock), PID, tid, rid, input_tokens=112, output_tokens=tokens,
+                              kv_bytes=1 << 20))
+        ev.append(MarkerEvent("request_end", ex.last_out_ns, PID, tid, rid))
+        out.append((ev, beats, ex))
+    return out
+
+
 def run(exs: list, traces: Path, cap: int = 0) -> tuple[float, float, int]:
     """(main thread µs, process µs, lines written) per request for one pass;
     ``cap``: traces.max_per_second (0: every request traced)."""
@@ -112,12 +156,15 @@ def run(exs: list, traces: Path, cap: int = 0) -> tuple[float, float, int]:
     agent = Agent(conf)
     agent.tracked[PID] = "nginx"
     agent.probe = types.SimpleNamespace(bins=None)  # no kernel: nothing is counted there
-    agent.exporter = TraceExporter(clock=agent.clock, traces_file=str(traces),
-                                   on_cost=agent.sampler.charge)
+    agent._start_cache(CollectorRegistry())  # the cache table an engine's look-ups go to (no probes)
+    agent.exporter = TraceExporter(clock=agent.clock, traces_file=str(traces), on_cost=agent.sampler.charge,
+                                   queue_size=64 * len(exs))  # faster than real time: room for them all
     cpu0, main0 = time.process_time(), time.thread_time()
     for ex in exs:
         if not isinstance(ex, Exchange):  # a stream: its writes first, as the ring has them
-            beats, ex = ex
+            *marks, beats, ex = ex
+            for m in marks[0] if marks else ():  # and an engine's markers before them
+                agent._on_marker(m)
             for beat in beats:
                 agent.stitcher.on_beat(beat)
         agent._on_exchange(ex)
@@ -136,9 +183,17 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--genai", action="store_true", help="streamed chat completions instead of nginx GETs")
+    ap.add_argument("--engine", action="store_true",
+                    help="streamed chat completions of the reference engine, its markers with them")
     ap.add_argument("--events", type=int, default=32, help="--genai: content events a response")
     args = ap.parse_args()
     git = os.popen(f"git -C {ROOT} rev-parse --short HEAD").read().strip()
+    if args.engine:
+        print(f"git {git}; {args.requests} streamed chat completions of the reference engine "
+              f"({ENGINE_TOKENS} tokens, {ENGINE_SPANS} spans) a run, best of {args.repeat}")
+        exs = engine_markers(streamed(args.requests, time.monotonic_ns(), ENGINE_TOKENS), ENGINE_TOKENS)
+        passes(exs, args.repeat, "every request traced", spans_each=ENGINE_SPANS)
+        return
     if not args.genai:
         print(f"git {git}; {args.requests} nginx GETs a run, best of {args.repeat}")
         passes(exchanges(args.requests, time.monotonic_ns()), args.repeat, "every request traced")
@@ -150,12 +205,12 @@ def main() -> None:
     passes(exs, args.repeat, "none traced", cap=1)
 
 
-def passes(exs: list, repeat: int, what: str, cap: int = 0) -> None:
+def passes(exs: list, repeat: int, what: str, cap: int = 0, spans_each: int = 1) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs = [run(exs, Path(tmp) / "traces.jsonl", cap) for _ in range(repeat)]
     spans = {s for _, _, s in runs}
-    if not cap and spans != {len(exs)}:
-        sys.exit(f"expected {len(exs)} spans a run, the file had {sorted(spans)}")
+    if not cap and spans != {len(exs) * spans_each}:
+        sys.exit(f"expected {len(exs) * spans_each} spans a run, the file had {sorted(spans)}")
     main_us, all_us = min(r[0] for r in runs), min(r[1] for r in runs)
     print(f"{what}:")
     print(f"  agent main thread: {main_us:5.1f} µs a request (exchange to span)")
