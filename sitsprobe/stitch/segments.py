@@ -108,12 +108,16 @@ def _covered(spans: list[tuple[int, int]]) -> int:
 def _engine_timeline(out: list[int], start: int, end: int, spans: list[tuple[int, int, int]]) -> None:
     """Sweep the request's span: each piece goes to the first active segment
     in _PRIORITY; a piece no stage covers is compute inside the engine's
-    first-to-last stage and network outside it. O(n log n) in stages."""
+    first-to-last stage and network outside it. Compute comes last in
+    _PRIORITY and every stage lies inside first-to-last, so compute stages
+    bound the sweep and take no part in it: an engine's decode steps, most
+    of its stages, cost a look each. O(n log n) in the other stages."""
     if not spans:
         out[NETWORK] += end - start
         return
     first, last = min(s for s, _, _ in spans), max(e for _, e, _ in spans)
-    events = sorted([(s, 1, seg) for s, _, seg in spans] + [(e, -1, seg) for _, e, seg in spans]
+    events = sorted([(s, 1, seg) for s, _, seg in spans if seg != COMPUTE]
+                    + [(e, -1, seg) for _, e, seg in spans if seg != COMPUTE]
                     + [(first, 0, -1), (last, 0, -1), (end, 0, -1)])
     active = [0] * 5
     at = start

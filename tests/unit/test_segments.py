@@ -66,6 +66,37 @@ def test_they_always_add_up_to_the_duration(seed):
     assert sum(t) == pytest.approx(end, abs=len(stages) + 1)  # stage times are rounded to ns
 
 
+NET_RULES = StageSegments(scheduling=["queue"], io=["h2d"], cache=["prefix_lookup"], network=["write"])
+PRIORITY = ("cache", "io", "scheduling", "network", "compute")  # who takes an overlapped instant
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_each_millisecond_goes_where_the_rule_says(seed):
+    """The sweep against the docstring's rule applied to each millisecond of
+    a request on its own: the first of cache, io, scheduling, network, compute
+    among the stages over it; none: compute inside the engine's first to last
+    stage, network outside."""
+    rng = random.Random(seed)
+    end = rng.randrange(1, 60)
+    stages = []
+    for _ in range(rng.randrange(1, 12)):
+        a = rng.randrange(-5, end + 5)
+        stages.append((rng.choice(["queue", "prefill", "decode", "h2d", "prefix_lookup", "write"]), a,
+                       a + rng.randrange(0, 20)))
+    by_name = {"queue": "scheduling", "h2d": "io", "prefix_lookup": "cache", "write": "network"}
+    inside = [(n, max(a, 0), min(b, end)) for n, a, b in stages if b > 0 and a < end]
+    want = dict.fromkeys(SEGMENTS, 0)
+    for ms in range(end):
+        over = {by_name.get(n, "compute") for n, a, b in inside if a <= ms < b}
+        if over:
+            want[next(seg for seg in PRIORITY if seg in over)] += 1
+        elif inside and min(a for _, a, _ in inside) <= ms < max(b for _, _, b in inside):
+            want["compute"] += 1
+        else:
+            want["network"] += 1
+    assert named(segments(req(end=end * MS, stages=stages), NET_RULES)) == want
+
+
 def test_the_processs_device_waits_are_io_with_or_without_markers():
     waits = [(15 * MS, 20 * MS), (18 * MS, 25 * MS), (200 * MS, 300 * MS)]  # overlapping, and past the end
     wire = named(segments(req(last_in_ns=10 * MS), RULES, waits))
