@@ -785,9 +785,9 @@ class Agent:
             self.workloads.stop()
         try:
             if self.markers is not None:
-                self.markers.poll(0)
+                self.markers.consume()
             if self.probe is not None:
-                self.probe.poll(0)
+                self.probe.consume()
                 self._flush(everything=True)
                 self._emit(self.streams.close_all(time.monotonic_ns()))
                 self._engine_tick(time.monotonic_ns(), everything=True)
