@@ -31,7 +31,7 @@ from . import side_by_side
 from .compiler import compile_module
 from .hooks import TRACEPOINT, UPROBE, Hook
 from .net import bpf_dir, source_flags
-from .ring import DrainBudget, wake_bytes
+from .ring import DrainBudget, RingReader, wake_bytes
 
 log = logging.getLogger("sitsprobe.cache")
 
@@ -103,13 +103,15 @@ def _endpoint(family: int, raw: bytes, port: int) -> Endpoint | None:
     return None
 
 
-class CacheProbe:
+class CacheProbe(RingReader):
     """The loaded cache program and its maps. Only this class touches them.
 
-    The agent calls ``poll`` in its loop (or ``consume`` after another
-    probe's poll), ``rescan`` every rescan interval, and reads ``kernel_counts``
+    The agent waits on its ring with the others' and calls ``consume`` in
+    its loop, ``rescan`` every rescan interval, and reads ``kernel_counts``
     at scrape time (CacheStats(kernel=probe.kernel_counts)).
     """
+
+    RINGS = ("cache_events",)
 
     def __init__(self, specs: Iterable[CacheProbeSpec], on_lookup: Callable[[KeyLookup], None],
                  flags: list[str] | None = None, proc: str = "/proc"):
@@ -296,22 +298,6 @@ class CacheProbe:
             key=ct.string_at(ct.addressof(e.key), n),
             truncated=bool(e.flags & CE_TRUNCATED) or e.key_size > n,
             duration_ns=e.duration_ns, tgid=e.tgid, tid=e.tid, fd=e.fd, peer=peer)
-
-    def ring_fds(self) -> list[int]:
-        """The ring the agent waits on (ring.RingWait)."""
-        return [self._events.map_fd]
-
-    def poll(self, timeout_ms: int) -> None:
-        """Wait up to timeout_ms for a wake-up, then deliver everything in the ring
-        (the kernel wakes the reader once per CACHE_WAKE_BYTES a CPU writes)."""
-        self._budget.refill()
-        self._bpf.ring_buffer_poll(timeout_ms)
-        self.consume()
-
-    def consume(self) -> None:
-        """Deliver what is in the ring now (a bounded batch), without waiting."""
-        self._budget.refill()
-        self._bpf.ring_buffer_consume()
 
     def kernel_counts(self) -> dict[str, KernelCacheCounts]:
         """Per cache: the kernel's exact counts and log2 latency histogram."""

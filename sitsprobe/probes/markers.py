@@ -23,7 +23,7 @@ from . import side_by_side
 from .compiler import compile_module
 from .libs import mapped_libraries
 from .net import bpf_dir, source_flags
-from .ring import DrainBudget, wake_bytes
+from .ring import DrainBudget, RingReader, wake_bytes
 
 # exported function -> BPF function in bpf/markers.c
 HOOKS = {sym: f"on_{sym.removeprefix('sitsprobe_')}" for sym in FUNCTIONS}  # symbol -> program
@@ -128,13 +128,14 @@ def cflags(ring_pages: int, max_batch_ids: int, cpus: int | None = None) -> list
             f"-DMARKER_MAX_IDS={max_batch_ids}", f"-DMARKER_WAKE_BYTES={wake_bytes(ring_pages * 4096, cpus)}"]
 
 
-class MarkerProbe:
+class MarkerProbe(RingReader):
     """The loaded marker program, attached to one or more marker libraries.
 
     library_path: a path, several, or None (attach later with `attach`).
     """
 
     hook = "uprobe"
+    RINGS = ("marker_events",)
 
     def __init__(self, library_path: str | Iterable[str] | None,
                  on_event: Callable[[MarkerEvent], None], *,
@@ -219,22 +220,6 @@ class MarkerProbe:
     def libraries(self) -> list[str]:
         """The library paths attached, in the order they were attached."""
         return [path for path, _ in self._attached.values()]
-
-    def ring_fds(self) -> list[int]:
-        """The ring the agent waits on (ring.RingWait)."""
-        return [self._ring.map_fd]
-
-    def poll(self, timeout_ms: int) -> None:
-        """Wait up to timeout_ms (less when the ring wakes us, see bpf/ring_wake.h),
-        then hand every event in the ring to on_event."""
-        self._budget.refill()
-        self._bpf.ring_buffer_poll(timeout_ms)
-        self.consume()
-
-    def consume(self) -> None:
-        """Hand on what the ring holds now (a bounded batch), without waiting."""
-        self._budget.refill()
-        self._bpf.ring_buffer_consume()
 
     def open_ranges(self) -> list[tuple[int, str]]:
         """(tgid, name) of every range begun and not yet ended, as the kernel

@@ -25,7 +25,7 @@ from .hooks import FENTRY, KPROBE, RAW_TRACEPOINT, TRACEPOINT, Hook
 from .layout import Layout
 from .maps import MapCopy
 from .pins import pinned
-from .ring import DrainBudget, wake_bytes
+from .ring import DrainBudget, RingReader, wake_bytes
 from .tls import SYMBOLS as TLS_SYMBOLS, TlsHooks
 
 _HOOK_CODE = {FENTRY: TCP_SENDMSG_FENTRY, KPROBE: TCP_SENDMSG_KPROBE, TRACEPOINT: TCP_SENDMSG_TRACEPOINT}
@@ -255,8 +255,10 @@ class ChunkDecoder:
                      buf[self._size:self._size + n], link_key, link_start)
 
 
-class NetProbe:
+class NetProbe(RingReader):
     """The loaded network program and its maps. Only this class touches them."""
+
+    RINGS = ("exchanges", "notices", "streams")
 
     def __init__(self, flags: list[str], on_exchange: Callable[[Exchange], None],
                  on_notice: Callable[[ProcessNotice], None],
@@ -446,20 +448,8 @@ class NetProbe:
                 inflight.pop(inflight.Key((tgid << 32) | r.tid), None)
         return len(waiting & set(reads))
 
-    def ring_fds(self) -> list[int]:
-        """The rings the agent waits on (ring.RingWait): exchanges, notices, streams."""
-        return [self._bpf[name].map_fd for name in ("exchanges", "notices", "streams")]
-
-    def poll(self, timeout_ms: int) -> None:
-        """Wait up to timeout_ms for a ring's wakeup (see bpf/ring_wake.h), then drain."""
-        self._budget.refill()
-        self._bpf.ring_buffer_poll(timeout_ms)
-        self.consume()
-
     def consume(self) -> None:
-        """Hand on what the rings hold now (a bounded batch), without waiting."""
-        self._budget.refill()
-        self._bpf.ring_buffer_consume()
+        super().consume()
         if self._beats_read != self._beats_told:  # the kernel's write events may use the room again
             self._beats_told = self._beats_read
             self._lib.bpf_update_elem(self._beats_read_fd, ct.byref(ct.c_int(0)),

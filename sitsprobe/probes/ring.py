@@ -44,6 +44,30 @@ class DrainBudget:
         return 0 if self.left > 0 else -1
 
 
+class RingReader:
+    """A probe's side of its rings: the agent waits on :meth:`ring_fds` (a
+    :class:`RingWait`) and drains them with :meth:`consume`; :meth:`poll`
+    does both, for tools and tests. A probe sets ``_bpf`` (its bcc BPF),
+    ``_budget`` (a :class:`DrainBudget` its callbacks take from) and
+    ``RINGS``, the names of the ring maps it opened."""
+
+    RINGS: tuple[str, ...] = ()
+
+    def ring_fds(self) -> list[int]:
+        return [self._bpf[name].map_fd for name in self.RINGS]
+
+    def poll(self, timeout_ms: int) -> None:
+        """Wait up to timeout_ms for a ring's wakeup (bpf/ring_wake.h), then drain."""
+        self._budget.refill()
+        self._bpf.ring_buffer_poll(timeout_ms)
+        self.consume()
+
+    def consume(self) -> None:
+        """Hand on what the rings hold now (a bounded batch), without waiting."""
+        self._budget.refill()
+        self._bpf.ring_buffer_consume()
+
+
 class RingWait:
     """One wait for several rings (their map fds): it ends at the timeout, or
     when the kernel wakes a reader of one of them. Edge-triggered: events
