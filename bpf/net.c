@@ -926,7 +926,15 @@ static __always_inline __u64 caller_of(struct conn *c)
     struct conn *caller = k ? conns.lookup(k) : NULL;
     if (!caller)
         return 0;
-    caller->calls++;
+    /* A caller that is not sending a request has not been seen to begin the
+     * call this answers: its send moved the bytes, and the server read and
+     * answered them, before the send's hook ran (the caller waited for a CPU
+     * in between, or was still sending a body the server answered early).
+     * The answer is its next call's (link_exchange). */
+    if (caller->state == ST_READING || caller->flags & CF_STREAM)
+        caller->calls++;
+    else
+        caller->flags |= CF_ANSWERED;
     return *k;
 }
 
@@ -940,8 +948,8 @@ static __always_inline void link_exchange(struct conn *c, __u64 key)
     __u64 id = bpf_get_current_pid_tgid();
     __u32 tid = id, tgid = id >> 32;
     c->link_key = c->link_start = 0;
-    c->calls = 0;
-    c->flags &= ~CF_BY_PROCESS;
+    c->calls = !!(c->flags & CF_ANSWERED);
+    c->flags &= ~(CF_BY_PROCESS | CF_ANSWERED);
     if (c->flags & CF_CLIENT) {
         if (c->flags & CF_TCP)
             served(&c->link_key, &c->link_start, &c->flags);

@@ -157,6 +157,7 @@ enum conn_state {
                              * calls, the connection is another library's: ciphertext, opaque) */
 #define CF_BINNED 0x2000  /* counted into `bins` when it is reported (BINS): userspace leaves its metrics */
 #define CF_CLOSING 0x4000 /* CONN_BY_STATE: TCP closed it inside the process's call on it; closed after that call */
+#define CF_ANSWERED 0x8000 /* a client's: a traced server answered its next call before its send was seen */
 #define TLS_GRACE 16        /* reads and writes of a CF_TLS connection before its plaintext must come */
 
 /* struct exchange_event.reason: why the exchange was reported */
