@@ -1156,6 +1156,37 @@ static __always_inline int chunk_closes(struct conn *c)
     return st && st->pending && st->h.flags & CF_CLOSING && st->h.tgid == c->tgid && st->h.fd == c->fd;
 }
 
+/* Whether request bytes that come once the answer has begun are more of the
+ * request's body, not the next request: a server may answer from the head
+ * (nginx's 413 or `return`, a 401 before an upload) and read the body after,
+ * and a client may read that answer before it has sent all the body. So when
+ * the request is a POST, PUT or PATCH and these bytes begin no request line
+ * (a method in capitals, then a space). A read that holds the body's end and
+ * the next request is taken for the body: the next answer is then reported
+ * as a pipelined one, its request unknown (a Content-Length would tell, but
+ * it may lie past the bytes captured). */
+static __always_inline int body_goes_on(const struct conn *c, struct args *a, long ret)
+{
+    if (c->req_len < 4 || c->req[0] != 'P' || (c->req[1] != 'O' && c->req[1] != 'U' && c->req[1] != 'A'))
+        return 0;
+    __u64 len = 0, buf = first_buffer(a, &len);
+    __u64 n = len < 8 ? len : 8;
+    __u8 b[8] = {};
+    BOUND(n, 8);
+    if (!buf || n < 1 || read_user(b, n, (void *)buf))
+        return 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (i >= ret || i >= n)
+            return 1;
+        if (b[i] == ' ')
+            return i < 3;
+        if (b[i] < 'A' || b[i] > 'Z')
+            return 1;
+    }
+    return 1;
+}
+
 /* Request bytes: read by a server, written by a client (from `t`, the
  * read's return or the write's start). */
 static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 t,
@@ -1164,7 +1195,8 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
     __u64 now = t;
     __u32 ops = 0; /* the payload's work (keep_payload) */
     /* after only "100 Continue" the client sends the body: the same request */
-    if (c->state == ST_RESPONDING && !(c->flags & CF_INTERIM)) {
+    int late_body = c->state == ST_RESPONDING && !(c->flags & CF_INTERIM) && body_goes_on(c, a, ret);
+    if (c->state == ST_RESPONDING && !(c->flags & CF_INTERIM) && !late_body) {
         report(c, END_NEXT);
         c->state = ST_IDLE;
     }
@@ -1213,7 +1245,8 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
     if (GENAI && (ops || c->flags & CF_BODY))
         want_payload(conn_key(tgid, c->fd), ops | P_REQ_TAIL, a, ret);
     c->bytes_in += ret;
-    c->last_in_ns = now;
+    if (!late_body) /* the request's network time ends where its answer begins */
+        c->last_in_ns = now;
 }
 
 /* Response bytes: written by a server (`t` is the write's start), read by

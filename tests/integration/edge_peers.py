@@ -10,7 +10,8 @@ until killed. Its argv carries "sitsprobe-testserver" (--tag) so the agent can
 select it by command line.
 
 The ASGI app answers like httpserver.py: GET /status/NNN -> NNN, POST -> the
-body back, anything else -> 200 "ok <path>\\n", always with a Content-Length.
+body back, anything else -> 200 "ok <path>\\n", always with a Content-Length;
+/early -> 200 "early\\n" before the request's body is read.
 The gRPC method is /sitsprobe.Greeter/SayHello: b"hello " + the request.
 """
 from __future__ import annotations
@@ -34,6 +35,10 @@ def name_process(comm: str) -> None:
 
 async def app(scope, receive, send):
     if scope["type"] != "http":
+        return
+    if scope["path"] == "/early":  # answered from the head: uvicorn reads (and drops) the body after
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"6")]})
+        await send({"type": "http.response.body", "body": b"early\n"})
         return
     body = b""
     while True:
