@@ -108,6 +108,8 @@ NET_MAP("lru_hash", __u64, __u8, dialed, 65536);    /* sk -> it connected (a cli
 /* sk -> its conn's key: one entry per conn with a socket (learn_sock), so never full, and no
  * LRU: one that small evicts live entries early (its free lists are per CPU), losing closes */
 NET_MAP("hash", __u64, __u64, sk_conns, MAX_CONNS);
+#else
+NET_MAP("lru_hash", __u64, __u64, dialing, 4096); /* pid_tgid -> the socket its connect() made (dialed_now) */
 #endif
 NET_MAP("percpu_array", int, __u64, counters, C_COUNTERS);
 NET_MAP("percpu_hash", struct status_key, __u64, http_status, 65536);
@@ -931,10 +933,12 @@ static __always_inline __u64 caller_of(struct conn *c)
      * answered them, before the send's hook ran (the caller waited for a CPU
      * in between, or was still sending a body the server answered early).
      * The answer is its next call's (link_exchange). */
-    if (caller->state == ST_READING || caller->flags & CF_STREAM)
+    if (caller->state == ST_READING || caller->flags & CF_STREAM) {
         caller->calls++;
-    else
+    } else {
         caller->flags |= CF_ANSWERED;
+        caller->answered_ns = c->start_ns;
+    }
     return *k;
 }
 
@@ -948,7 +952,12 @@ static __always_inline void link_exchange(struct conn *c, __u64 key)
     __u64 id = bpf_get_current_pid_tgid();
     __u32 tid = id, tgid = id >> 32;
     c->link_key = c->link_start = 0;
-    c->calls = !!(c->flags & CF_ANSWERED);
+    c->calls = 0;
+    if (c->flags & CF_ANSWERED) { /* a client's call a traced server answered already (caller_of) */
+        c->calls = 1;
+        if (c->answered_ns < c->start_ns)
+            c->start_ns = c->answered_ns; /* it began before that server read it */
+    }
     c->flags &= ~(CF_BY_PROCESS | CF_ANSWERED);
     if (c->flags & CF_CLIENT) {
         if (c->flags & CF_TCP)
@@ -1195,8 +1204,11 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
     __u64 now = t;
     __u32 ops = 0; /* the payload's work (keep_payload) */
     /* after only "100 Continue" the client sends the body: the same request */
-    int late_body = c->state == ST_RESPONDING && !(c->flags & CF_INTERIM) && body_goes_on(c, a, ret);
-    if (c->state == ST_RESPONDING && !(c->flags & CF_INTERIM) && !late_body) {
+    if (c->state == ST_RESPONDING && !(c->flags & CF_INTERIM)) {
+        if (body_goes_on(c, a, ret)) { /* its network time still ends where its answer began */
+            c->bytes_in += ret;
+            return;
+        }
         report(c, END_NEXT);
         c->state = ST_IDLE;
     }
@@ -1245,8 +1257,7 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
     if (GENAI && (ops || c->flags & CF_BODY))
         want_payload(conn_key(tgid, c->fd), ops | P_REQ_TAIL, a, ret);
     c->bytes_in += ret;
-    if (!late_body) /* the request's network time ends where its answer begins */
-        c->last_in_ns = now;
+    c->last_in_ns = now;
 }
 
 /* Response bytes: written by a server (`t` is the write's start), read by
@@ -1400,6 +1411,23 @@ static __always_inline void on_connect(struct args *a, __u32 tgid)
 }
 
 static __always_inline void dispatch(struct conn *c, struct args *a, long ret, __u64 id, __u64 now);
+static __always_inline void learn_sock(struct conn *c, __u64 sk);
+
+#if !CONN_BY_STATE
+/* connect() returned: the socket its handshake made, if that completed
+ * inside it (dialed_now), is its connection's from now on. */
+static __always_inline void learn_dialed(struct args *a, __u64 id)
+{
+    __u64 *sk = dialing.lookup(&id);
+    if (!sk)
+        return;
+    __u64 key = conn_key(id >> 32, a->fd);
+    struct conn *c = conns.lookup(&key);
+    if (c)
+        learn_sock(c, *sk);
+    dialing.delete(&id);
+}
+#endif
 
 /* ret > 0 bytes moved by a data call on tracked connection c (key). */
 static __always_inline void moved(struct conn *c, __u64 key, struct args *a, long ret, __u64 id,
@@ -1427,6 +1455,9 @@ static __always_inline int leave(void *ctx, long ret)
     if (a->kind == K_CONNECT) {
         if (ret == 0 || ret == -EINPROGRESS_)
             on_connect(a, tgid);
+#if !CONN_BY_STATE
+        learn_dialed(a, id);
+#endif
     } else if (ret > 0 && a->kind == K_ACCEPT) {
         new_conn(a, tgid, ret, 0);
     } else if (ret > 0) {
@@ -1825,6 +1856,48 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
 
 static __always_inline void notify(__u32 kind, __u32 tgid);
 
+/* Whether the sockaddr a connect() was given (user memory at ptr) is t's far end. */
+static __always_inline int connects_to(__u64 ptr, const struct tuple *t)
+{
+    __u16 sa[2] = {}; /* family, port (network order) */
+    return read_user(sa, sizeof(sa), (void *)ptr) == 0 && sa[0] == t->family && ntohs(sa[1]) == t->rport;
+}
+
+/* A TCP handshake completed inside a tracked process's connect(): its
+ * connection is known by its socket now, not at its first call (the socket
+ * tier's) or its first send (the syscall tier's), so that a traced server
+ * that answers that call before the call's hook has run finds its caller
+ * (caller_of). Only inside the connect() whose destination this is: in a
+ * softirq the current task is whoever it interrupted. */
+static __always_inline void dialed_now(__u64 sk, const struct tuple *t)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    __u32 tgid = id >> 32;
+    if (!OUTGOING || !is_tracked(tgid))
+        return;
+#if CONN_BY_STATE
+    struct pt_regs regs = {};
+    bpf_probe_read_kernel(&regs, sizeof(regs), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()));
+    if (SYSCALL_NR(&regs) != __NR_connect || !connects_to(SYSCALL_ARG2(&regs), t))
+        return;
+    __u32 fd = SYSCALL_ARG1(&regs);
+    __u64 key = conn_key(tgid, fd);
+    struct conn *c = conns.lookup(&key);
+    if (c && c->sk != sk) { /* its fd was another socket's: closed */
+        close_conn(c, key);
+        c = NULL;
+    }
+    if (!c)
+        c = adopt(key, tgid, fd, sk, 0);
+    if (c)
+        learn_sock(c, sk);
+#else
+    struct args *a = inflight.lookup(&id);
+    if (a && a->kind == K_CONNECT && connects_to(a->ptr, t))
+        dialing.update(&id, &sk); /* its conn is made when connect() returns (learn_dialed) */
+#endif
+}
+
 TRACEPOINT_PROBE(sock, inet_sock_set_state)
 {
     __u64 sk = (__u64)args->skaddr;
@@ -1881,6 +1954,8 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         __builtin_memcpy(t.raddr, args->daddr_v6, 16);
     }
     socks.update(&sk, &t);
+    if (args->oldstate == BPF_TCP_SYN_SENT)
+        dialed_now(sk, &t);
     return 0;
 }
 

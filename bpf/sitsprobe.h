@@ -235,6 +235,7 @@ struct conn {
     __u64 link_start;
     __u32 calls; /* exchanges linked to this one so far: its outgoing calls, or a traced callee's */
     __u32 tls_calls; /* CF_TLS without CF_TLS_PLAIN yet: its ciphertext reads and writes so far */
+    __u64 answered_ns; /* CF_ANSWERED: when the server that answered the next call began reading it */
     __u64 shape;  /* a hash of the request's method and path (0: none), set when the response
                    * begins; userspace tells the kernel which it knows the route of (`shapes`) */
     __u8 req[REQ_CAP];
