@@ -2,13 +2,18 @@
 send returns only once all its bytes have moved, so a server that answers
 from the head does so before the kernel sees the call begin.
 
-    python early_caller.py PORT POSTS [TAG]
+    python early_caller.py PORT POSTS [--each] [TAG]
 
-waits for a line on stdin, then on one kept-alive connection sends POSTS
-times ``POST /early`` with a 64 MiB body, and prints each answer's status
-and body length (http.client reads them), 0.1 s apart. The first is the
-connection's first call: the answer may come before the kernel has seen
-the connection do anything but connect.
+waits for a line on stdin, then sends POSTS times ``POST /early`` with a
+64 MiB body, on one kept-alive connection (with --each, a connection of its
+own each), and prints each answer's status and body length (http.client
+reads them). A connection's first call is answered before the kernel has
+seen the connection do anything but connect.
+
+On a kept-alive connection the next request goes 0.1 s after an answer. A
+server that reads whatever has come (uvicorn) may otherwise read the end of
+one body and the next request at once, which the kernel takes for the body
+(net.c: body_goes_on); nginx reads a body no further than its length.
 """
 from __future__ import annotations
 
@@ -21,16 +26,24 @@ BODY = b"x" * (64 << 20)
 
 
 def main() -> None:
-    port, posts = int(sys.argv[1]), int(sys.argv[2])
+    port, posts, each = int(sys.argv[1]), int(sys.argv[2]), "--each" in sys.argv
     sys.stdin.readline()
     post = b"POST /early HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY
-    with socket.create_connection(("127.0.0.1", port)) as s:  # blocking: no timeout
-        for _ in range(posts):
-            s.sendall(post)
-            r = http.client.HTTPResponse(s, method="POST")
-            r.begin()
-            print(r.status, len(r.read()), flush=True)
-            time.sleep(0.1)  # the server has read the body by the next request (net.c: body_goes_on)
+    s = None
+    for _ in range(posts):
+        if s is None:
+            s = socket.create_connection(("127.0.0.1", port))  # blocking: no timeout
+        s.sendall(post)
+        r = http.client.HTTPResponse(s, method="POST")
+        r.begin()
+        print(r.status, len(r.read()), flush=True)
+        if each:
+            s.close()
+            s = None
+        else:
+            time.sleep(0.1)
+    if s is not None:
+        s.close()
 
 
 if __name__ == "__main__":
