@@ -935,7 +935,7 @@ static __always_inline __u64 caller_of(struct conn *c)
      * The answer is its next call's (link_exchange). */
     if (caller->state == ST_READING || caller->flags & CF_STREAM) {
         caller->calls++;
-    } else {
+    } else if (!(caller->flags & CF_ANSWERED)) { /* the first answer's read is the earliest */
         caller->flags |= CF_ANSWERED;
         caller->answered_ns = c->start_ns;
     }
