@@ -188,7 +188,8 @@ def test_an_exchange_the_agent_reported_is_passed_over_until_the_next_begins(pro
         server.stop()
 
 
-def test_an_answer_that_came_before_its_calls_send_returned_is_counted_for_that_call(probe, tmp_path):
+@pytest.mark.parametrize("connect", ["blocking", "nonblocking"])
+def test_an_answer_that_came_before_its_calls_send_returned_is_counted_for_that_call(probe, tmp_path, connect):
     """nginx answers a POST from its head (``return``) while the caller's one
     send of the head and a 64 MiB body still blocks: the kernel sees the
     answer before the call begins, as it does whenever the caller
@@ -197,8 +198,11 @@ def test_an_answer_that_came_before_its_calls_send_returned_is_counted_for_that_
     a callee reported after it, stitch.join), name the caller's connection
     and begin after the call, and the body nginx reads after its answer is
     that request's.
-    The first POST is the connection's first call: the socket tier learns of
-    a connection at its first call, and this one's answer comes before."""
+    The first POST is the connection's first call, answered before that call's
+    hook: the kernel knows the connection from its handshake inside
+    connect(). ``nonblocking``: made as an event loop makes it (redis.asyncio,
+    aiohttp): connect() returns EINPROGRESS, and on loopback the handshake
+    still completes inside it."""
     if not shutil.which("nginx"):
         pytest.skip("no nginx on PATH: .ci/run installs it")
     from tests.nginx import static_site
@@ -208,8 +212,8 @@ def test_an_answer_that_came_before_its_calls_send_returned_is_counted_for_that_
     port, posts = free_port(), 4
     early = 'location = /early { client_max_body_size 100m; return 200 "early\\n"; }'
     nginx = subprocess.Popen(static_site(tmp_path, port, early))
-    caller = subprocess.Popen([sys.executable, str(HERE / "early_caller.py"), str(port), str(posts)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    caller = subprocess.Popen([sys.executable, str(HERE / "early_caller.py"), str(port), str(posts),
+                               f"--{connect}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         [worker] = wait_until(lambda: children(nginx.pid), 10, "the nginx worker")
         probe.track(worker)
