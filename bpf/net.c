@@ -108,6 +108,10 @@ NET_MAP("lru_hash", __u64, __u8, dialed, 65536);    /* sk -> it connected (a cli
 /* sk -> its conn's key: one entry per conn with a socket (learn_sock), so never full, and no
  * LRU: one that small evicts live entries early (its free lists are per CPU), losing closes */
 NET_MAP("hash", __u64, __u64, sk_conns, MAX_CONNS);
+/* sk -> 1: a client's socket TCP closed after the client shut only its
+ * sending side (the peer's FIN came): the answer queued is still read, and
+ * its end-of-file read ends its conn (ended, drained) */
+NET_MAP("lru_hash", __u64, __u8, draining, 4096);
 #else
 NET_MAP("lru_hash", __u64, __u64, dialing, 4096); /* pid_tgid -> the socket its connect() made (dialed_now) */
 #endif
@@ -1622,6 +1626,7 @@ static __always_inline void close_conn(struct conn *c, __u64 key)
     }
 #if CONN_BY_STATE
     sk_conns.delete(&c->sk);
+    draining.delete(&c->sk);
 #endif
     conns.delete(&key);
     bodies.delete(&key);
@@ -1667,6 +1672,7 @@ static __always_inline void learn_sock(struct conn *c, __u64 sk)
 #if CONN_BY_STATE
     __u64 key = conn_key(c->tgid, c->fd);
     sk_conns.update(&sk, &key);
+    draining.delete(&sk); /* an earlier socket's at this address, whose end-of-file read never came */
 #endif
     struct tuple *t = socks.lookup(&sk);
     if (t) {
@@ -1753,16 +1759,71 @@ static __always_inline __u32 syscall_kind(__u64 nr)
  * or a connecting client has none). Taken at a send, a server's connection
  * is one whose request was missed (CF_SEEDED, as one userspace seeds). */
 #if CONN_BY_STATE
-/* Whether the current thread is in a data call on c's fd: a TCP state change
- * taken inside it (a reset that loopback delivers in the send that drew it)
- * precedes that call's own sock_io, which must still count its bytes. */
-static __always_inline int in_call_on(struct conn *c)
+/* The system call the current thread is in on c's fd, if it is a thread
+ * of c's process and that call's first argument is c's fd; else -1. A TCP
+ * state change taken inside a call on the connection is the call's doing,
+ * or the peer's handled inside it (loopback delivers the peer's answer to
+ * a send, a reset, an acknowledgement, in the very call that drew it). */
+static __always_inline long call_on(struct conn *c)
 {
     if (bpf_get_current_pid_tgid() >> 32 != c->tgid)
-        return 0;
+        return -1;
     struct pt_regs regs = {};
     bpf_probe_read_kernel(&regs, sizeof(regs), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()));
-    return syscall_kind(SYSCALL_NR(&regs)) && (__u32)SYSCALL_ARG1(&regs) == c->fd;
+    return (__u32)SYSCALL_ARG1(&regs) == c->fd ? (long)SYSCALL_NR(&regs) : -1;
+}
+
+/* Whether a socket in TCP state `old` had shut its sending side, before the
+ * close now: its FIN sent, and the peer's come (TIME_WAIT), or acknowledged
+ * after the peer's (LAST_ACK), or a reset. */
+static __always_inline int shut_before(int old)
+{
+    return old == BPF_TCP_FIN_WAIT1 || old == BPF_TCP_FIN_WAIT2 || old == BPF_TCP_CLOSING ||
+           old == BPF_TCP_LAST_ACK;
+}
+
+/* The end-of-file read on socket sk (a call that returned 0): a draining
+ * conn (see `draining`) has read all there was, and ends. */
+static __always_inline void drained(__u64 sk)
+{
+    if (!draining.lookup(&sk))
+        return;
+    draining.delete(&sk);
+    __u64 *key = sk_conns.lookup(&sk);
+    __u64 k = key ? *key : 0;
+    struct conn *c = key ? conns.lookup(&k) : NULL;
+    if (c && c->sk == sk)
+        close_conn(c, k);
+}
+
+/* TCP state `to` from `from` on c's socket sk, as the process or the peer
+ * ended it. shutdown(SHUT_WR) moves it as a close does (FIN_WAIT1, or
+ * LAST_ACK after the peer's FIN), but the process still reads: a server's
+ * lingering close (gunicorn's sync worker answers a request before reading
+ * its body, shuts its side, then reads what the client still sends), a
+ * client's answer after it shut its side. So the connection goes on. When
+ * a client's socket then closes other than in its close() (the peer's FIN
+ * or acknowledgement, in a softirq or inside the client's own call on it),
+ * the answer still queued is read, and the end-of-file read ends it
+ * (`draining`). A server's ends then: one that reads no more makes no
+ * end-of-file read, and its close() of a closed socket shows no state
+ * (Python's http.server, and so the reference engine, shuts its side and
+ * closes); what a lingering close still reads of a body is counted until
+ * its client's FIN. */
+static __always_inline void ended(struct conn *c, __u64 key, __u64 sk, int from, int to)
+{
+    long nr = call_on(c);
+    if (nr == __NR_shutdown && to != BPF_TCP_CLOSE)
+        return; /* only its sending side */
+    if (to == BPF_TCP_CLOSE && shut_before(from) && (nr < 0 || nr == __NR_shutdown || syscall_kind(nr)) &&
+        c->flags & CF_CLIENT) {
+        __u8 one = 1;
+        draining.update(&sk, &one);
+    } else if (nr >= 0 && syscall_kind(nr)) {
+        c->flags |= CF_CLOSING; /* its sock_io comes next, with this call's bytes */
+    } else {
+        close_conn(c, key);
+    }
 }
 #endif
 
@@ -1804,7 +1865,14 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
     __u64 id = bpf_get_current_pid_tgid();
     __u32 tgid = id >> 32;
     long ret = (int)ctx->args[1];
-    if (ret <= 0 || !is_tracked(tgid))
+    if (ret <= 0) {
+#if CONN_BY_STATE
+        if (ret == 0)
+            drained(ctx->args[0]);
+#endif
+        return 0;
+    }
+    if (!is_tracked(tgid))
         return 0;
     struct pt_regs regs = {};
     bpf_probe_read_kernel(&regs, sizeof(regs), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()));
@@ -1837,7 +1905,7 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
     if (c) {
         learn_sock(c, sk);
         moved(c, key, &a, ret, id, a.enter_ns);
-        if (CONN_BY_STATE && c->flags & CF_CLOSING) { /* ended during this call (in_call_on) */
+        if (CONN_BY_STATE && c->flags & CF_CLOSING) { /* ended during this call (see ended) */
             int zero = 0;
             struct payload_state *ps = GENAI ? payload_states.lookup(&zero) : NULL;
             if (ps && ps->ops) { /* its exchange is reported now: a write's event after it would wait for
@@ -1917,15 +1985,12 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 #if CONN_BY_STATE
     if (args->newstate == BPF_TCP_FIN_WAIT1 || args->newstate == BPF_TCP_LAST_ACK ||
         args->newstate == BPF_TCP_CLOSE) {
-        /* the process closed it (or shut its sending side: no more answers
-         * come), or it was reset: as close() ended a connection before */
+        /* the process closed it or shut its side, or the peer ended it */
         __u64 *key = sk_conns.lookup(&sk);
         __u64 k = key ? *key : 0;
         struct conn *c = key ? conns.lookup(&k) : NULL;
-        if (c && c->sk == sk && in_call_on(c))
-            c->flags |= CF_CLOSING; /* its sock_io comes next, with this call's bytes */
-        else if (c && c->sk == sk)
-            close_conn(c, k);
+        if (c && c->sk == sk)
+            ended(c, k, sk, args->oldstate, args->newstate);
         else if (key)
             sk_conns.delete(&sk);
     }
