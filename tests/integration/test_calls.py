@@ -176,7 +176,8 @@ def test_a_gateway_and_its_engine_share_each_trace(agent, tmp_path):
                 assert r.status == 200, r.read()
                 r.read()
                 conn.close()
-            outer = agent.traces.wait_for_port(gateway.port, 8)
+            # its worker's: the kernel may have given an earlier test's server the same port
+            outer = agent.traces.wait_for_port(gateway.port, 8, pid=gateway.workers[0])
             inner = agent.traces.wait_for_port(engine.port, 8, pid=engine.pid)
             traces = {s["traceId"] for s in outer}
             assert len(traces) == 8
