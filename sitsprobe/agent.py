@@ -381,14 +381,18 @@ class Agent:
         self.probe.track(info.pid)
         if tls:
             self._tls(info.pid, time.monotonic())
-        self.tracked[info.pid] = self.names[info.pid] = info.comm
-        self.containers[info.pid] = container_of(info.pid)
         listening = procs.listening_ports(info.pid)
-        seeded = set()
+        # a connection whose local port nothing listens on was opened, not accepted (one accepted
+        # from a listener another process holds is neither, and left alone)
+        listened = procs.ports_listened_on(info.pid) if self.config.stitch.outgoing else None
+        seeded, dialed = set(), 0
         for fd, local, peer in procs.established(info.pid):
             if local.port in listening:  # a server-side connection made before we started
                 self.probe.seed(info.pid, fd, info.comm, local, peer)
                 seeded.add(fd)
+            elif listened is not None and local.port not in listened:  # its pool of upstream connections
+                self.probe.seed(info.pid, fd, info.comm, local, peer, client=True)
+                dialed += 1
         # threads already waiting in a read on them: their next request is framed too
         reads = procs.blocked_reads(info.pid, seeded) if seeded else []
         adopted = self.probe.adopt_reads(
@@ -396,6 +400,12 @@ class Agent:
         log.info("tracking %s[%d]%s", info.comm, info.pid,
                  f": {len(seeded)} connection(s) from before, {adopted} read(s) in progress"
                  if seeded else "")
+        if dialed:
+            log.info("%s[%d]: %d connection(s) it opened before, followed as a client's", info.comm,
+                     info.pid, dialed)
+        # tracked (as /metrics shows it) once its connections from before are followed too
+        self.containers[info.pid] = container_of(info.pid)
+        self.tracked[info.pid] = self.names[info.pid] = info.comm
 
     def _tls(self, pid: int, now: float) -> None:
         """Read pid's TLS through its libssl, if it maps one yet (Python loads

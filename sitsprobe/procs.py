@@ -240,6 +240,12 @@ class ListenMemo:
             del self._memo[pid]
 
 
+def ports_listened_on(pid: int, proc: str = "/proc") -> frozenset[int]:
+    """The TCP ports some socket listens on in the pid's network namespace,
+    whichever process holds it: an accepted connection's local port is one."""
+    return frozenset(row.local.port for row in tcp_table(pid, proc, state=TCP_LISTEN))
+
+
 def established(pid: int, proc: str = "/proc") -> list[tuple[int, Endpoint, Endpoint]]:
     """(fd, local, peer) for each established TCP connection the pid holds."""
     return [(fd, row.local, row.remote) for fd, row in _owned(pid, proc, TCP_ESTABLISHED)]

@@ -12,7 +12,7 @@ from importlib import resources
 from operator import itemgetter
 from pathlib import Path
 
-from ..abi import (C_NOTICES_LOST, CF_BODY, CF_SEEDED, CF_TCP, CF_TUPLE, END_FLUSH, N_EXEC, N_LISTEN,
+from ..abi import (C_NOTICES_LOST, CF_BODY, CF_CLIENT, CF_SEEDED, CF_TCP, CF_TUPLE, END_FLUSH, N_EXEC, N_LISTEN,
                    NET_COUNTERS as COUNTERS, NET_TIER_SOCK, NET_TIER_SYSCALL, ST_IDLE, ST_READING,
                    ST_RESPONDING, TCP_SENDMSG_FENTRY, TCP_SENDMSG_KPROBE, TCP_SENDMSG_TRACEPOINT)
 from ..procs import BlockedRead
@@ -414,14 +414,15 @@ class NetProbe(RingReader):
         value = self._user_bits[key].value
         self._user_bits[key] = ct.c_ulonglong(value | 1 << bit if on else value & ~(1 << bit))
 
-    def seed(self, tgid: int, fd: int, comm: str, local: Endpoint, peer: Endpoint) -> None:
-        """Track a connection that was accepted before the agent started."""
+    def seed(self, tgid: int, fd: int, comm: str, local: Endpoint, peer: Endpoint, client: bool = False) -> None:
+        """Track a connection the process had before it was tracked: one it
+        accepted, or with ``client`` one it opened (its calls to come)."""
         c = self._conn_type()
         c.tgid, c.fd, c.comm = tgid, fd, comm.encode()[:15]
         c.t.family = _fill(c.t.laddr, local)
         _fill(c.t.raddr, peer)
         c.t.lport, c.t.rport = local.port, peer.port
-        c.flags = CF_TUPLE | CF_TCP | CF_SEEDED  # from /proc/net/tcp: TCP
+        c.flags = CF_TUPLE | CF_TCP | CF_SEEDED | (CF_CLIENT if client else 0)  # from /proc/net/tcp: TCP
         key = self._conns.Key((tgid << 32) | fd)
         # BPF_NOEXIST: the process is already tracked while we read /proc, so
         # the kernel may have taken this connection, mid-exchange, meanwhile.

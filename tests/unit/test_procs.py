@@ -209,6 +209,13 @@ def test_sockets_map_to_fds(proc):
     assert procs.listening_ports(300, proc) == frozenset()
 
 
+def test_ports_listened_on_are_the_namespaces_whoever_holds_them(proc):
+    """curl (300) holds no listener, but 48697 is listened on where it lives:
+    its connection from 42974 is one it opened, the server's to 48697 one accepted."""
+    assert procs.ports_listened_on(300, proc) == frozenset({2024, 48601, 48697, 36193})
+    assert procs.ports_listened_on(200, proc) == procs.ports_listened_on(300, proc)
+
+
 def test_socket_inodes_keeps_lowest_dup(tmp_path):
     make_proc(tmp_path, 1, fds={9: "socket:[6016]", 4: "socket:[6016]"})
     assert procs.socket_inodes(1, str(tmp_path)) == {6016: 4}
