@@ -381,10 +381,11 @@ class Agent:
         self.probe.track(info.pid)
         if tls:
             self._tls(info.pid, time.monotonic())
-        listening = procs.listening_ports(info.pid)
+        tables: dict = {}  # the namespace's listening sockets, read once for both
+        listening = procs.listening_ports(info.pid, tables=tables)
         # a connection whose local port nothing listens on was opened, not accepted (one accepted
         # from a listener another process holds is neither, and left alone)
-        listened = procs.ports_listened_on(info.pid) if self.config.stitch.outgoing else None
+        listened = procs.ports_listened_on(info.pid, tables=tables) if self.config.stitch.outgoing else None
         seeded, dialed = set(), 0
         for fd, local, peer in procs.established(info.pid):
             if local.port in listening:  # a server-side connection made before we started

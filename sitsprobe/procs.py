@@ -240,10 +240,10 @@ class ListenMemo:
             del self._memo[pid]
 
 
-def ports_listened_on(pid: int, proc: str = "/proc") -> frozenset[int]:
+def ports_listened_on(pid: int, proc: str = "/proc", tables: dict | None = None) -> frozenset[int]:
     """The TCP ports some socket listens on in the pid's network namespace,
     whichever process holds it: an accepted connection's local port is one."""
-    return frozenset(row.local.port for row in tcp_table(pid, proc, state=TCP_LISTEN))
+    return frozenset(row.local.port for row in tcp_table(pid, proc, tables, TCP_LISTEN))
 
 
 def established(pid: int, proc: str = "/proc") -> list[tuple[int, Endpoint, Endpoint]]:
