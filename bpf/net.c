@@ -138,11 +138,11 @@ struct scan_buf {
     __u8 b[SCAN_CHUNK + 16];
 };
 NET_MAP("percpu_array", int, struct scan_buf, scan_bufs, 1);
-/* Tail calls: 0 scan_head, 1 send_beat, 2 send_chunk, 3 keep_payload, 4 find_shape; the
+/* Tail calls: 0 scan_head, 1 send_beat, 2 send_chunk, 3 keep_payload, 4 split_body, 5 find_shape; the
  * same programs once as tracepoints (the syscalls' exits), once as uprobes (the TLS
  * library's returns): a program may only tail-call programs of its own type. */
-NET_MAP("prog", u32, u32, scan_prog, 5); /* 4 find_shape: syscalls and socket tier only (no TLS is binned) */
-NET_MAP("prog", u32, u32, uscan_prog, 4);
+NET_MAP("prog", u32, u32, scan_prog, 6); /* 5 find_shape: syscalls and socket tier only (no TLS is binned) */
+NET_MAP("prog", u32, u32, uscan_prog, 5);
 static __always_inline void tail(void *ctx, int user, int i)
 {
     if (user)
@@ -1169,36 +1169,164 @@ static __always_inline int chunk_closes(struct conn *c)
     return st && st->pending && st->h.flags & CF_CLOSING && st->h.tgid == c->tgid && st->h.fd == c->fd;
 }
 
-/* Whether request bytes that come once the answer has begun are more of the
- * request's body, not the next request: a server may answer from the head
- * (nginx's 413 or `return`, a 401 before an upload) and read the body after,
- * and a client may read that answer before it has sent all the body. So when
- * the request is a POST, PUT or PATCH and these bytes begin no request line
- * (a method in capitals, then a space). A read that holds the body's end and
- * the next request is taken for the body: the next answer is then reported
- * as a pipelined one, its request unknown (a Content-Length would tell, but
- * it may lie past the bytes captured). */
-static __always_inline int body_goes_on(const struct conn *c, struct args *a, long ret)
+/* Whether the `n` user bytes at `buf` begin a request line: a method in
+ * capitals, then a space, within their first 8. */
+static __always_inline int begins_request(__u64 buf, __u64 n)
 {
-    if (c->req_len < 4 || c->req[0] != 'P' || (c->req[1] != 'O' && c->req[1] != 'U' && c->req[1] != 'A'))
-        return 0;
-    __u64 len = 0, buf = first_buffer(a, &len);
-    __u64 n = len < 8 ? len : 8;
     __u8 b[8] = {};
+    if (n > 8)
+        n = 8;
     BOUND(n, 8);
     if (!buf || n < 1 || read_user(b, n, (void *)buf))
         return 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        if (i >= ret || i >= n)
-            return 1;
+        if (i >= n)
+            return 0;
         if (b[i] == ' ')
-            return i < 3;
+            return i >= 3;
         if (b[i] < 'A' || b[i] > 'Z')
-            return 1;
+            return 0;
     }
-    return 1;
+    return 0;
 }
+
+/* Whether request bytes that come once the answer has begun are more of the
+ * request's body, not the next request: a server may answer from the head
+ * (nginx's 413 or `return`, a 401 before an upload) and read the body after,
+ * and a client may read that answer before it has sent all the body. So when
+ * the request is a POST, PUT or PATCH and these bytes begin no request line. */
+static __always_inline int body_goes_on(const struct conn *c, struct args *a, long ret)
+{
+    if (c->req_len < 4 || c->req[0] != 'P' || (c->req[1] != 'O' && c->req[1] != 'U' && c->req[1] != 'A'))
+        return 0;
+    __u64 len = 0, buf = first_buffer(a, &len);
+    return !begins_request(buf, ret < len ? ret : len);
+}
+
+/* A read of a POST, PUT or PATCH's body once its answer has begun may hold
+ * the body's end and the next request after it: a keep-alive server that
+ * answered from the head (Node's http and gunicorn's threads do, with an
+ * error) reads what is left of the body and what the client sent next at
+ * once. on_recv takes such a read for the body, as it must where the
+ * request's length is not known, and asks `split_body`, tail-called once
+ * the call is done, to look for the next request in it: the loop over the
+ * head that finds its length would be verified on every path to on_recv.
+ * Only a flat read is looked at (a vectored one's bytes stay the body's). */
+struct split_state {
+    __u64 key;      /* the conns entry */
+    __u64 start_ns; /* its exchange's */
+    __u64 before;   /* the request's bytes before the read */
+    __u64 t;        /* the read's time, as on_recv had it */
+    struct args a;  /* the read's */
+    __s64 ret;      /* 0: no look pending */
+    __u32 head;     /* request_end's findings: the head's length (0: its end not in req) */
+    __u32 value_at; /* ... and where its Content-Length's value begins (0: none) */
+};
+NET_MAP("percpu_array", int, struct split_state, split_states, 1);
+
+/* "Content-Length:" at l, any case. Without a branch a byte: each would be
+ * a path of its own through request_end's loop for the verifier to walk. */
+static __always_inline int is_content_length(const __u8 *l)
+{
+    const char name[] = "content-length:";
+    __u8 differ = 0;
+#pragma unroll
+    for (int k = 0; k < 15; k++)
+        differ |= (l[k] | 0x20) ^ name[k]; /* '-' and ':' are themselves with 0x20 (as are CR and
+                                            * 0x1a, in no header's name) */
+    return !differ;
+}
+
+/* The request's length, head and body, where the bytes captured of it show
+ * its head's end and a Content-Length in it (0: not known; a chunked body,
+ * or a head longer than req). What the loop finds goes to `st`, not to
+ * variables: values that differ from one pass to the next would have the
+ * verifier walk what follows once for each. */
+static __always_inline __u64 request_end(const struct conn *c, struct split_state *st)
+{
+    st->head = st->value_at = 0;
+    for (int i = 0; i < REQ_CAP - 2; i++) {
+        if (i + 2 >= *(volatile __u16 *)&c->req_len) /* volatile: a register kept from it would */
+            break;                                      /* carry each pass's bounds past the loop */
+        if (c->req[i] != '\n')
+            continue;
+        const __u8 *l = &c->req[i + 1]; /* a line's first byte; what follows may run past req into resp */
+        if (l[0] == '\r' || l[0] == '\n') { /* the blank line */
+            st->head = i + 1 + (l[0] == '\r' ? 2 : 1);
+            break;
+        }
+        if ((l[0] | 0x20) == 'c' && is_content_length(l))
+            st->value_at = i + 16;
+    }
+    /* read back (volatile: else the compiler forwards the stores' values) */
+    __u32 head = *(volatile __u32 *)&st->head, at = *(volatile __u32 *)&st->value_at & (REQ_CAP - 1);
+    if (!head || !at)
+        return 0;
+    at += c->req[at] == ' ' || c->req[at] == '\t'; /* one space, if any */
+    __u64 length = 0;
+#pragma unroll
+    for (int k = 0; k < 12; k++) { /* up to a terabyte */
+        __u8 d = c->req[at + k];
+        if (d < '0' || d > '9')
+            break;
+        length = length * 10 + d - '0';
+    }
+    return head + length;
+}
+
+static __always_inline void want_split(struct conn *c, struct args *a, long ret, __u64 t)
+{
+    int zero = 0;
+    struct split_state *st = split_states.lookup(&zero);
+    if (!st || (a->kind & 0xff) != K_FLAT)
+        return;
+    st->key = conn_key(c->tgid, c->fd);
+    st->start_ns = c->start_ns;
+    st->before = c->bytes_in;
+    st->t = t;
+    st->a = *a;
+    st->ret = ret;
+}
+
+static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, long ret, __u64 t,
+                                    int client);
+
+/* The look want_split asked for: where the request's Content-Length is
+ * known and its end lies inside the read, and a request line begins there,
+ * the exchange ends at the body's end and the next one begins with the rest
+ * of the read; else the read stays the body's (the next answer is then a
+ * pipelined one's, its request unknown). */
+static __always_inline int split_body_(void *ctx, int user)
+{
+    int zero = 0;
+    struct split_state *st = split_states.lookup(&zero);
+    if (!st || st->ret <= 0)
+        return 0;
+    long ret = st->ret;
+    st->ret = 0;
+    struct conn *c = conns.lookup(&st->key);
+    if (c && c->start_ns == st->start_ns && c->state == ST_RESPONDING) {
+        __u64 end = request_end(c, st), at = end - st->before;
+        if (end > st->before && at < ret && begins_request(st->a.ptr + at, ret - at)) {
+            struct args next = st->a;
+            next.ptr += at;
+            __sync_fetch_and_add(&c->seq, 1); /* as framed() does */
+            c->bytes_in = end;
+            report(c, END_NEXT);
+            c->state = ST_IDLE;
+            on_recv(c, &next, c->tgid, ret - at, st->t, c->flags & CF_CLIENT);
+            __sync_fetch_and_add(&c->seq, 1);
+        }
+    }
+    tails(ctx, user); /* what the next request's read asked for */
+    return 0;
+}
+#ifdef TLS_MODULE /* for the library's returns */
+int usplit_body(void *ctx) { return split_body_(ctx, 1); }
+#else
+int split_body(void *ctx) { return split_body_(ctx, 0); }
+#endif
 
 /* Request bytes: read by a server, written by a client (from `t`, the
  * read's return or the write's start). */
@@ -1210,6 +1338,7 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
     /* after only "100 Continue" the client sends the body: the same request */
     if (c->state == ST_RESPONDING && !(c->flags & CF_INTERIM)) {
         if (body_goes_on(c, a, ret)) { /* its network time still ends where its answer began */
+            want_split(c, a, ret, t);
             c->bytes_in += ret;
             return;
         }
@@ -1487,6 +1616,11 @@ static __always_inline int leave(void *ctx, long ret)
 static __always_inline void tails(void *ctx, int user)
 {
     int zero = 0;
+    struct split_state *sp = split_states.lookup(&zero);
+    if (sp && sp->ret > 0) {
+        tail(ctx, user, 4); /* split_body, which goes on to the others; returns only if it failed */
+        sp->ret = 0;
+    }
     struct payload_state *ps = GENAI ? payload_states.lookup(&zero) : NULL;
     if (ps && ps->ops) {
         tail(ctx, user, 3); /* keep_payload, which goes on to the others; returns only if it failed */
@@ -1512,7 +1646,7 @@ static __always_inline void tails(void *ctx, int user)
     }
     struct shape_state *ss = BINS && !user ? shape_states.lookup(&zero) : NULL;
     if (ss && ss->pending) {
-        tail(ctx, 0, 4); /* find_shape */
+        tail(ctx, 0, 5); /* find_shape */
         ss->pending = 0; /* not binned: it crosses the ring */
     }
 }

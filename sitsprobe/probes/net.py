@@ -30,7 +30,7 @@ from .tls import SYMBOLS as TLS_SYMBOLS, TlsHooks
 
 _HOOK_CODE = {FENTRY: TCP_SENDMSG_FENTRY, KPROBE: TCP_SENDMSG_KPROBE, TRACEPOINT: TCP_SENDMSG_TRACEPOINT}
 _TIER_CODE = {RAW_TRACEPOINT: NET_TIER_SOCK, TRACEPOINT: NET_TIER_SYSCALL}
-TAILS = (b"scan_head", b"send_beat", b"send_chunk", b"keep_payload")  # bpf/net.c's tail calls, by index
+TAILS = (b"scan_head", b"send_beat", b"send_chunk", b"keep_payload", b"split_body")  # bpf/net.c's tail calls, by index
 # bpf/net.c's programs for several syscalls' exits (one format: one program),
 # where its tier has them: the tracepoints syscalls:sys_exit_<call> each goes on
 SHARED_EXITS = {b"sys_exit_io": (b"read", b"recvfrom", b"readv", b"recvmsg", b"write", b"sendto",
