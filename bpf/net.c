@@ -1293,10 +1293,12 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
                                     int client);
 
 /* The look want_split asked for: where the request's Content-Length is
- * known and its end lies inside the read, and a request line begins there,
- * the exchange ends at the body's end and the next one begins with the rest
- * of the read; else the read stays the body's (the next answer is then a
- * pipelined one's, its request unknown). */
+ * known and its end lies inside the read (or the body was all read before
+ * it), and a method's first letter comes there, the exchange ends at the
+ * body's end and the next one begins with the rest of the read (Go's
+ * servers read a kept-alive connection's next request's first byte alone);
+ * else the read stays the body's (the next answer is then a pipelined one's,
+ * its request unknown). */
 static __always_inline int split_body_(void *ctx, int user)
 {
     int zero = 0;
@@ -1308,7 +1310,9 @@ static __always_inline int split_body_(void *ctx, int user)
     struct conn *c = conns.lookup(&st->key);
     if (c && c->start_ns == st->start_ns && c->state == ST_RESPONDING) {
         __u64 end = request_end(c, st), at = end - st->before;
-        if (end > st->before && at < ret && begins_request(st->a.ptr + at, ret - at)) {
+        __u8 first = 0;
+        if (end && end >= st->before && at < ret && read_user(&first, 1, (void *)(st->a.ptr + at)) == 0 &&
+            first >= 'A' && first <= 'Z') {
             struct args next = st->a;
             next.ptr += at;
             __sync_fetch_and_add(&c->seq, 1); /* as framed() does */
@@ -1327,6 +1331,28 @@ int usplit_body(void *ctx) { return split_body_(ctx, 1); }
 #else
 int split_body(void *ctx) { return split_body_(ctx, 0); }
 #endif
+
+/* A request whose first read was too short to show its request line (Go's
+ * servers read a kept-alive connection's next request's first byte alone,
+ * then the rest): this read's bytes go on in req, and what on_recv decides
+ * from a head's first read is decided now. The payload's work, as on_recv's. */
+static __always_inline __u32 more_head(struct conn *c, struct args *a, long ret, int client)
+{
+    __u64 len = 0, buf = first_buffer(a, &len);
+    __u64 all = ret < len ? ret : len, have = c->req_len, n = all;
+    BOUND(have, HEAD_MIN - 1);
+    if (n > REQ_CAP - have)
+        n = REQ_CAP - have;
+    BOUND(n, REQ_CAP);
+    if (!buf || !n || read_user(c->req + have, n, (void *)buf))
+        return 0;
+    c->req_len = have + n;
+    if (have + all > REQ_CAP)
+        want_scan(conn_key(c->tgid, c->fd), buf, all);
+    if (GENAI && c->req_len >= 5 && is_post(c->req) && !client)
+        return P_START | (have + all <= REQ_CAP ? P_WHOLE : 0);
+    return 0;
+}
 
 /* Request bytes: read by a server, written by a client (from `t`, the
  * read's return or the write's start). */
@@ -1383,6 +1409,8 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         if (buf && all > REQ_CAP)
             want_scan(key, buf, all);
         c->state = ST_READING;
+    } else if (c->req_len < HEAD_MIN) {
+        ops = more_head(c, a, ret, client);
     } else if (GENAI && (c->flags & CF_BODY_NEXT)) {
         ops = P_BODY;
         c->flags &= ~CF_BODY_NEXT;

@@ -58,6 +58,7 @@
 #ifndef HEAD_SCAN
 #define HEAD_SCAN 8192
 #endif
+#define HEAD_MIN 16 /* a request's first read shorter than this: its next read goes on in req */
 #ifndef MAX_CONNS
 #define MAX_CONNS 16384
 #endif

@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ..unit.test_genai import AS_WRITTEN, FIXTURES, INDEX
@@ -177,3 +179,44 @@ def test_hostile_requests_neither_crash_the_agent_nor_leak_text(tmp_path):
     assert "SECRET" not in text and "injected" not in text
     assert all(len(s["attrs"].get("gen_ai.request.model", "")) <= 256 for s in spans)
 
+
+
+def post_first_byte_alone(port: int, path: str, body: bytes) -> bytes:
+    """A POST whose first byte goes alone, then the rest (as Go's servers read a
+    kept-alive connection's next request); the answer, to the server's close."""
+    request = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request[:1])
+        time.sleep(0.05)  # the server's read returns that byte alone
+        s.sendall(request[1:])
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_request_read_a_byte_first_keeps_its_meaning(tmp_path):
+    """Ollama's recorded answers, each request's head read in two pieces: the
+    spans' gen_ai.* attributes are what the answers hold, as when it is read
+    whole (the kernel decides what of a POST to keep from its head)."""
+    (tmp_path / "agent").mkdir()
+    names = sorted(n for n in INDEX if n.startswith("ollama_"))
+    with contextlib.ExitStack() as owned:
+        server = owned.enter_context(Replay())
+        agent = owned.enter_context(running_agent(tmp_path / "agent", {"pids": [server.proc.pid], "cmdline": []},
+                                                  {}, {}))
+        wait_until(lambda: agent.tracks(server.proc.pid), 15, "the agent to track the replay server")
+        for name in names:
+            answer = post_first_byte_alone(server.port, INDEX[name]["path"], request_for(name))
+            assert answer.startswith(b"HTTP/1.1 "), (name, answer[:200])
+        spans = sorted(agent.traces.wait_for_port(server.port, len(names), timeout=30),
+                       key=lambda s: int(s["startTimeUnixNano"]))
+    assert len(spans) == len(names)
+    wrong = []
+    for name, span in zip(names, spans):
+        want = expected(name)
+        got = {k: span["attrs"].get(k) for k in want}
+        if got != want:
+            wrong.append(f"{name}: {got} != {want}")
+    assert not wrong, "\n".join(wrong)
