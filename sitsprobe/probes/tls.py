@@ -3,20 +3,22 @@ maps, so HTTPS and gRPC over TLS are framed from their plaintext exactly as
 cleartext is, and the ciphertext of the same connection is not reported
 again (bpf/net.c: CF_TLS, ssl_enter/ssl_leave).
 
-Python's ssl module, nginx, curl and Node's addons load libssl; the probes go
-on the library file (through the process's mount namespace) for that process
-alone: a uprobe traps whatever runs the probed code, and every process on the
-node that is not traced (a load generator, a sidecar) must not pay for it
+Python's ssl module, nginx and curl load libssl; Node carries OpenSSL in its
+own executable and exports its functions (for native addons). The probes go
+on that file (through the process's mount namespace) for that process alone:
+a uprobe traps whatever runs the probed code, and every process on the node
+that is not traced (a load generator, a sidecar) must not pay for it
 (bench/bench_protocols.py measured +31 µs a request in an untraced client
-when the probes held for every process). What cannot be seen this way is said: a
-process that speaks TLS without a libssl mapped (Go's crypto/tls, BoringSSL
-linked into the binary, as grpcio's wheels do) keeps opaque `tls` exchanges,
-and `tls_status` tells which it is.
+when the probes held for every process). What cannot be seen this way is
+said: a process that speaks TLS through neither (Go's crypto/tls, BoringSSL
+linked into the binary, as grpcio's wheels do) keeps opaque `tls`
+exchanges, and `tls_status` tells which it is.
 """
 from __future__ import annotations
 
 import ctypes as ct
 import logging
+import os
 import re
 import threading
 import time
@@ -59,6 +61,7 @@ class TlsHooks:
         self._events: dict[int, list[bytes]] = {}  # pid -> its probes (bcc's event names)
         self.failed: dict[int, str] = {}  # pid -> why its libssl could not be probed
         self.covered: dict[int, str] = {}  # pid -> the library path its TLS is read through
+        self._programs: dict[tuple[int, int], bool] = {}  # an executable (st_dev, st_ino) -> it carries OpenSSL
 
     @property
     def programs(self) -> str:
@@ -71,12 +74,15 @@ class TlsHooks:
         return "not needed yet" if self._loading is None else "loading"
 
     def attach(self, pid: int) -> str | None:
-        """Cover pid if it maps a libssl: the library's path, or None (not now:
-        call again, it may load one, or the programs are still loading; or
-        it failed, and said why once)."""
+        """Cover pid if it maps a libssl, or its executable carries OpenSSL:
+        that file's path, or None (not now: call again, it may load one, or
+        the programs are still loading; or it failed, and said why once)."""
         if pid in self.covered or pid in self.failed:
             return self.covered.get(pid)
         libs = mapped_libraries(pid, _LIBRARY, "/libssl", self._proc)
+        if not libs:
+            program = program_with_openssl(pid, self._proc, self._programs)
+            libs = [program] if program is not None else []
         if not libs:
             return None
         if self._bpf is None and self._load_failed is None:
@@ -167,6 +173,9 @@ def tls_status(pid: int, proc: str = "/proc") -> tuple[bool, str]:
                        "into one of its modules (grpcio's cygrpc): that TLS stays opaque")
     if libs:
         return True, f"libssl mapped: {libs[0].path}"
+    program = program_with_openssl(pid, proc)
+    if program is not None:
+        return True, f"OpenSSL linked into the program, its functions exported: {program.path}"
     exe = f"{proc}/{pid}/exe"
     try:
         with open(exe, "rb") as f:
@@ -178,6 +187,41 @@ def tls_status(pid: int, proc: str = "/proc") -> tuple[bool, str]:
     if b"BoringSSL" in head or boring:
         return False, "BoringSSL linked into the program or one of its modules; its TLS stays opaque"
     return False, "no libssl mapped (it may load one later); its TLS stays opaque until then"
+
+
+def program_with_openssl(pid: int, proc: str = "/proc",
+                         seen: dict[tuple[int, int], bool] | None = None) -> MappedLibrary | None:
+    """pid's executable, where OpenSSL is linked into it and exports SSL_read
+    and SSL_write (Node's: for its native addons), as a library to probe;
+    else None. ``seen``: what is known of executables already looked at, by
+    file (a process that exec'd is looked at again)."""
+    try:
+        path = os.readlink(f"{proc}/{pid}/exe")  # as the process sees it
+        st = os.stat(f"{proc}/{pid}/exe")
+    except OSError:
+        return None
+    file = (st.st_dev, st.st_ino)
+    found = seen.get(file) if seen is not None else None
+    if found is None:
+        via = f"{proc}/{pid}/root{path}"
+        found = not path.endswith(" (deleted)") and all(exports(via, sym) for sym in ("SSL_read", "SSL_write"))
+        if seen is not None:
+            seen[file] = found
+    return MappedLibrary(OPENSSL, path, f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}",
+                         st.st_ino) if found else None
+
+
+def exports(path: str, symbol: str) -> bool:
+    """Whether the ELF file at path defines ``symbol`` (libbcc's look-up, as
+    attach_uprobe makes it: a few ms in Node's 100 MB executable)."""
+    from bcc.libbcc import bcc_symbol, bcc_symbol_option, lib
+
+    sym = bcc_symbol()
+    if lib.bcc_resolve_symname(path.encode(), symbol.encode(), 0, 0,
+                               ct.cast(None, ct.POINTER(bcc_symbol_option)), ct.byref(sym)) < 0:
+        return False
+    lib.bcc_procutils_free(sym.module)
+    return True
 
 
 def _static_boringssl(pid: int, proc: str) -> bool:

@@ -1,10 +1,11 @@
 """TLS from the library: HTTPS framed exactly like cleartext.
 
-uvicorn (Python's ssl module over asyncio's memory BIOs) and nginx (OpenSSL
-on its sockets) with a self-signed certificate, driven over HTTPS with
-keep-alive: every request one span with its path and status, equal to the
-client's tally, and no opaque `tls` exchange beside them. grpcio carries
-BoringSSL inside its module: the agent says it cannot read it.
+uvicorn (Python's ssl module over asyncio's memory BIOs), nginx (OpenSSL
+on its sockets) and Node (OpenSSL linked into its executable, no libssl
+mapped) with a self-signed certificate, driven over HTTPS with keep-alive:
+every request one span with its path and status, equal to the client's
+tally, and no opaque `tls` exchange beside them. grpcio carries BoringSSL
+inside its module: the agent says it cannot read it.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import sys
 
 import pytest
 
-from .conftest import HERE, TAG, Nginx, Owned, wait_until
+from .conftest import HERE, TAG, Nginx, Owned, accepts, free_port, wait_until
 
 TIERS = ("socket", "syscall")  # the exactness of each socket tier that loads (socket_hooks)
 PATHS = ("/json/a", "/status/404", "/json/b", "/status/503")
@@ -43,6 +44,21 @@ class HttpsUvicorn(Owned):
         self.port = int(self.proc.stdout.readline())
         self.pid = self.proc.pid
         self.until(lambda: agent.tracks(self.pid), 10, "the agent to track uvicorn")
+
+
+class HttpsNode(Owned):
+    """tests/integration/https_node.js; argv[0] carries the run's tag, by which the agent selects it."""
+
+    def __init__(self, agent, cert: tuple[str, str]):
+        node = shutil.which("node") or shutil.which("nodejs")
+        if node is None:
+            pytest.skip("no Node.js: .ci/run installs Debian's nodejs")
+        self.port = free_port()
+        self.proc = subprocess.Popen(["bash", "-c", f'exec -a "node-{TAG}" {node} {HERE / "https_node.js"} '
+                                      f'{self.port} {cert[0]} {cert[1]}'])
+        self.pid = self.proc.pid
+        self.until(lambda: agent.tracks(self.pid), 10, "the agent to track node")
+        self.until(lambda: accepts(self.port), 10, f"node on port {self.port}")
 
 
 def drive(port: int, paths, connections: int = 3, per_connection: int = 8) -> collections.Counter:
@@ -89,6 +105,14 @@ def test_nginx_over_https_is_framed_like_cleartext(agent, certificate, tmp_path)
         check(agent, nginx.port, nginx.workers[0], tally)
 
 
+def test_node_over_https_is_framed_like_cleartext(agent, certificate):
+    """Node maps no libssl: the probes go on its executable, which exports OpenSSL's functions."""
+    with HttpsNode(agent, certificate) as server:
+        wait_until(lambda: agent.metric("sitsprobe_tls_processes", pid=server.pid) == 1, 15,
+                   "the agent to hook the OpenSSL in node")
+        check(agent, server.port, server.pid, drive(server.port, PATHS))
+
+
 def test_http2_over_tls_is_framed_like_h2c(agent, certificate):
     """hypercorn with a certificate (h2 by ALPN), httpx's HTTP/2 client: exact per path and status."""
     import httpx
@@ -111,13 +135,15 @@ def test_http2_over_tls_is_framed_like_h2c(agent, certificate):
 
 
 def test_doctor_names_what_it_cannot_decrypt(agent, certificate):
-    """grpcio's module carries BoringSSL: doctor says so; uvicorn's ssl maps libssl."""
+    """grpcio's module carries BoringSSL: doctor says so; uvicorn's ssl maps libssl; node carries OpenSSL."""
     from .test_http2 import H2Peer
 
-    with H2Peer(agent, "grpc") as grpc_server, HttpsUvicorn(agent, certificate) as https:
+    with H2Peer(agent, "grpc") as grpc_server, HttpsUvicorn(agent, certificate) as https, \
+            HttpsNode(agent, certificate) as node:
         doctor = subprocess.run([sys.executable, "-m", "sitsprobe.cli", "doctor", "--json",
-                                 "--pid", str(grpc_server.pid), "--pid", str(https.pid)],
+                                 "--pid", str(grpc_server.pid), "--pid", str(https.pid), "--pid", str(node.pid)],
                                 capture_output=True, text=True, timeout=120)
         tls = json.loads(doctor.stdout)["tls"]
         assert not tls[str(grpc_server.pid)]["ok"] and "BoringSSL" in tls[str(grpc_server.pid)]["detail"], tls
         assert tls[str(https.pid)]["ok"] and "libssl" in tls[str(https.pid)]["detail"], tls
+        assert tls[str(node.pid)]["ok"] and "OpenSSL linked into the program" in tls[str(node.pid)]["detail"], tls
