@@ -108,10 +108,14 @@ NET_MAP("lru_hash", __u64, __u8, dialed, 65536);    /* sk -> it connected (a cli
 /* sk -> its conn's key: one entry per conn with a socket (learn_sock), so never full, and no
  * LRU: one that small evicts live entries early (its free lists are per CPU), losing closes */
 NET_MAP("hash", __u64, __u64, sk_conns, MAX_CONNS);
-/* sk -> 1: a client's socket TCP closed after the client shut only its
- * sending side (the peer's FIN came): the answer queued is still read, and
- * its end-of-file read ends its conn (ended, drained) */
+/* sk -> DRAIN_WAIT: a client's socket TCP closed after the client shut only
+ * its sending side (the peer's FIN came): the answer queued is still read,
+ * and its end-of-file read ends its conn (ended, drained). DRAIN_READ: the
+ * client read to the end before it shut its side (Node's, after the server's
+ * close): its conn ends when TCP closes. */
 NET_MAP("lru_hash", __u64, __u8, draining, 4096);
+#define DRAIN_WAIT 1
+#define DRAIN_READ 2
 #else
 NET_MAP("lru_hash", __u64, __u64, dialing, 4096); /* pid_tgid -> the socket its connect() made (dialed_now) */
 #endif
@@ -1944,18 +1948,21 @@ static __always_inline int shut_before(int old)
            old == BPF_TCP_LAST_ACK;
 }
 
-/* The end-of-file read on socket sk (a call that returned 0): a draining
- * conn (see `draining`) has read all there was, and ends. */
+/* The end-of-file read on socket sk (a call that returned 0) by a traced
+ * process: a draining client's conn (see `draining`) has read all there
+ * was, and ends; any other client's is marked as read to its end. */
 static __always_inline void drained(__u64 sk)
 {
-    if (!draining.lookup(&sk))
-        return;
-    draining.delete(&sk);
     __u64 *key = sk_conns.lookup(&sk);
     __u64 k = key ? *key : 0;
     struct conn *c = key ? conns.lookup(&k) : NULL;
-    if (c && c->sk == sk)
+    if (!c || c->sk != sk || !(c->flags & CF_CLIENT))
+        return;
+    __u8 *d = draining.lookup(&sk), read = DRAIN_READ;
+    if (d && *d == DRAIN_WAIT)
         close_conn(c, k);
+    else
+        draining.update(&sk, &read);
 }
 
 /* TCP state `to` from `from` on c's socket sk, as the process or the peer
@@ -1977,10 +1984,10 @@ static __always_inline void ended(struct conn *c, __u64 key, __u64 sk, int from,
     long nr = call_on(c);
     if (nr == __NR_shutdown && to != BPF_TCP_CLOSE)
         return; /* only its sending side */
+    __u8 *d = draining.lookup(&sk), wait = DRAIN_WAIT;
     if (to == BPF_TCP_CLOSE && shut_before(from) && (nr < 0 || nr == __NR_shutdown || syscall_kind(nr)) &&
-        c->flags & CF_CLIENT) {
-        __u8 one = 1;
-        draining.update(&sk, &one);
+        c->flags & CF_CLIENT && !(d && *d == DRAIN_READ)) {
+        draining.update(&sk, &wait);
     } else if (nr >= 0 && syscall_kind(nr)) {
         c->flags |= CF_CLOSING; /* its sock_io comes next, with this call's bytes */
     } else {
@@ -2029,7 +2036,7 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
     long ret = (int)ctx->args[1];
     if (ret <= 0) {
 #if CONN_BY_STATE
-        if (ret == 0)
+        if (ret == 0 && is_tracked(tgid))
             drained(ctx->args[0]);
 #endif
         return 0;
@@ -2167,6 +2174,15 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     if (args->newstate != BPF_TCP_ESTABLISHED)
         return 0;
 #if CONN_BY_STATE
+    /* A socket is established once: a conn still on this address is an earlier
+     * socket's (the kernel reuses a freed socket's memory) whose end went unseen. */
+    __u64 *was = sk_conns.lookup(&sk);
+    __u64 w = was ? *was : 0;
+    struct conn *stale = was ? conns.lookup(&w) : NULL;
+    if (stale && stale->sk == sk)
+        close_conn(stale, w);
+    else if (was)
+        sk_conns.delete(&sk);
     if (args->oldstate == BPF_TCP_SYN_SENT) {
         __u8 one = 1;
         dialed.update(&sk, &one);

@@ -14,12 +14,14 @@ import collections
 import contextlib
 import http.client
 import json
+import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
-from .conftest import HERE, TAG, Engine, Nginx, Owned, RedisServer, free_port, wait_until
+from .conftest import HERE, TAG, Engine, Nginx, Owned, RedisServer, accepts, free_port, wait_until
 
 REDIS_PORT = free_port()
 TIERS = ("socket", "syscall")  # the exactness of each socket tier that loads (socket_hooks)
@@ -243,3 +245,66 @@ def test_a_post_answered_before_its_body_was_read_is_one_span_under_its_call(age
         assert agent.metric("sitsprobe_http_server_requests_total", pid=pids[0]) == posts
     finally:
         server.stop()
+
+
+class NodeGateway(Owned):
+    """tests/integration/gateway_node.js; argv[0] carries the run's tag, by which the agent selects it."""
+
+    def __init__(self, agent, upstream: int):
+        node = shutil.which("node") or shutil.which("nodejs")
+        if node is None:
+            pytest.skip("no Node.js: .ci/run installs Debian's nodejs")
+        self.port = free_port()
+        self.proc = subprocess.Popen(["bash", "-c", f'exec -a "node-{TAG}" {node} {HERE / "gateway_node.js"} '
+                                      f'{self.port} {upstream}'])
+        self.pid = self.proc.pid
+        self.until(lambda: agent.tracks(self.pid), 10, "the agent to track node")
+        self.until(lambda: accepts(self.port), 10, f"node on port {self.port}")
+
+
+class StdlibUpstream(Owned):
+    """Python's http.server over a folder whose path carries the run's tag:
+    HTTP/1.0, so it closes each connection after its answer."""
+
+    def __init__(self, agent, folder):
+        folder.mkdir()
+        (folder / "page.txt").write_text("upstream\n" * 40)
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1",
+                                      "--directory", str(folder), str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.pids = [self.proc.pid]
+        self.until(lambda: agent.tracks(self.proc.pid), 10, "the agent to track http.server")
+        self.until(lambda: accepts(self.port), 10, f"http.server on port {self.port}")
+
+
+@pytest.mark.parametrize("upstream", ["http.server", "nginx"])
+def test_a_node_gateway_s_calls_are_in_its_requests_traces(agent, tmp_path, upstream):
+    """Node calls through its keep-alive agent: http.server closes each
+    connection (Node reads the close, then shuts its side and closes), nginx
+    keeps them. Each request is one trace: the gateway's span, its call, and
+    the upstream's span under the call, matched by connection. (On the
+    socket tier a socket that Node shut after reading the close kept its
+    connection, and the next socket the kernel made at the same address was
+    taken for it: its calls' upstream spans were traces of their own.)"""
+    with (StdlibUpstream(agent, tmp_path / TAG) if upstream == "http.server"
+          else Nginx(agent, tmp_path / "nginx")) as up, NodeGateway(agent, up.port) as gateway:
+        path = "/page.txt" if upstream == "http.server" else "/index.html"
+        for _ in range(N):
+            status, _ = get(gateway.port, path)
+            assert status == 200
+        served = agent.traces.wait_for_port(gateway.port, N, pid=gateway.pid)
+        wait_until(lambda: len([s for s in agent.traces.spans() if s["resource"].get("process.pid") in up.pids
+                                and s["kind"] == SERVER]) >= N, 15, f"{N} upstream spans")
+        time.sleep(0.3)
+        spans = agent.traces.spans()
+        wrong = []
+        for s in served:
+            calls = [c for c in spans if c.get("parentSpanId") == s["spanId"] and c["kind"] == CLIENT]
+            callees = [x for c in calls for x in spans if x.get("parentSpanId") == c["spanId"]]
+            got = ([(c["attrs"].get("server.port"), c["attrs"].get("http.response.status_code")) for c in calls],
+                   [(x["resource"].get("process.pid") in up.pids, x["traceId"] == s["traceId"],
+                     x["attrs"].get("sitsprobe.parent.inferred")) for x in callees])
+            if got != ([(up.port, 200)], [(True, True, "connection")]):
+                wrong.append(f"{s['name']} {s['spanId']}: {got}")
+        assert not wrong, "\n".join(wrong)
