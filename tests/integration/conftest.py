@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -251,6 +252,23 @@ class Nginx(Owned):
     def stop(self):
         self.proc.terminate()
         self.proc.wait(10)
+
+
+class NodeScript(Owned):
+    """A script of this folder on Node.js (Debian's nodejs), serving on a port
+    of its own, its first argument; argv[0] carries ``tag``, by which the
+    agent selects it (its process is tracked before it listens)."""
+
+    def __init__(self, agent: AgentHandle, script: str, *args: str, tag: str = TAG):
+        node = shutil.which("node") or shutil.which("nodejs")
+        if node is None:
+            pytest.skip("no Node.js: .ci/run installs Debian's nodejs")
+        self.port = free_port()
+        argv = " ".join(shlex.quote(a) for a in (node, str(HERE / script), str(self.port), *args))
+        self.proc = subprocess.Popen(["bash", "-c", f'exec -a "node-{tag}" {argv}'])
+        self.pid = self.proc.pid
+        self.until(lambda: agent.tracks(self.pid), 10, f"the agent to track {script}")
+        self.until(lambda: accepts(self.port), 10, f"{script} on port {self.port}")
 
 
 def children(pid: int) -> list[int]:

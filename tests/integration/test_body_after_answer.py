@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
 
 import pytest
 
-from .conftest import HERE, TAG, Owned, accepts, children, free_port, wait_until
+from .conftest import HERE, TAG, NodeScript, Owned, accepts, children, free_port, wait_until
 
 RUN_TAG = f"{TAG}-body-after-answer-{os.getpid()}"
 TIERS = ("socket", "syscall")
@@ -28,23 +27,6 @@ AGENT_SELECT = {"cmdline": [re.escape(RUN_TAG)], "comms": [], "ports": []}
 
 BODY = 100  # bytes of each PUT's body, sent after its answer
 ROUNDS = 5  # PUT, then GET, on one connection
-
-
-class Node(Owned):
-    """tests/integration/early_node.js on Node; tracked by the agent."""
-
-    def __init__(self, agent):
-        node = shutil.which("node") or shutil.which("nodejs")
-        if node is None:
-            pytest.skip("no Node.js: .ci/run installs Debian's nodejs")
-        self.port = free_port()
-        # argv[0] carries the run's tag: the agent selects the server by its command line
-        self.proc = subprocess.Popen(["bash", "-c", f'exec -a "node-{RUN_TAG}" {node} '
-                                      f'{HERE / "early_node.js"} {self.port}'],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.server = self.proc.pid
-        self.until(lambda: agent.tracks(self.server), 10, "the agent to track node")
-        self.until(lambda: accepts(self.port), 10, f"node on port {self.port}")
 
 
 class GunicornThreads(Owned):
@@ -57,8 +39,8 @@ class GunicornThreads(Owned):
             [sys.executable, "-m", "gunicorn", "--worker-class", "gthread", "--threads", "2",
              "--bind", f"127.0.0.1:{self.port}", "--chdir", str(HERE), "--name", RUN_TAG, "early_wsgi:app"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.server = self.until(lambda: (c := children(self.proc.pid)) and c[0], 15, "gunicorn's worker")
-        self.until(lambda: agent.tracks(self.server), 10, "the agent to track gunicorn's worker")
+        self.pid = self.until(lambda: (c := children(self.proc.pid)) and c[0], 15, "gunicorn's worker")
+        self.until(lambda: agent.tracks(self.pid), 10, "the agent to track gunicorn's worker")
         self.until(lambda: accepts(self.port), 10, f"gunicorn on port {self.port}")
 
 
@@ -93,7 +75,11 @@ def put_then_get(port: int) -> tuple[int, list[tuple[str, int, int, bytes]]]:
         return s.getsockname()[1], sent
 
 
-@pytest.mark.parametrize("server", [Node, GunicornThreads], ids=["node", "gunicorn-gthread"])
+def node(agent) -> NodeScript:
+    return NodeScript(agent, "early_node.js", tag=RUN_TAG)
+
+
+@pytest.mark.parametrize("server", [node, GunicornThreads], ids=["node", "gunicorn-gthread"])
 def test_the_request_after_a_body_read_late_is_its_own(agent, tier, server):
     """Every request is one server span with its method, route, status and
     sizes as the client counted them; none is unknown, and the requests the
@@ -101,9 +87,9 @@ def test_the_request_after_a_body_read_late_is_its_own(agent, tier, server):
     with server(agent) as srv:
         port, sent = put_then_get(srv.port)
         assert [(a.split(b" ", 2)[1]) for *_, a in sent] == [b"404", b"200"] * ROUNDS, sent
-        wait_until(lambda: len(agent.traces.for_pid(srv.server)) >= len(sent), 15, f"{len(sent)} spans")
-        spans = sorted(agent.traces.for_pid(srv.server), key=lambda s: int(s["startTimeUnixNano"]))
+        wait_until(lambda: len(agent.traces.for_pid(srv.pid)) >= len(sent), 15, f"{len(sent)} spans")
+        spans = sorted(agent.traces.for_pid(srv.pid), key=lambda s: int(s["startTimeUnixNano"]))
         got = [(s["attrs"].get("client.port"), s["name"], s["attrs"].get("http.response.status_code"),
                 s["attrs"].get("http.request.size"), s["attrs"].get("http.response.size")) for s in spans]
         assert got == [(port, name, status, size, len(answer)) for name, status, size, answer in sent]
-        assert agent.metric("sitsprobe_http_server_requests_total", pid=srv.server) == len(sent)
+        assert agent.metric("sitsprobe_http_server_requests_total", pid=srv.pid) == len(sent)

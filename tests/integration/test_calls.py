@@ -14,14 +14,13 @@ import collections
 import contextlib
 import http.client
 import json
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
-from .conftest import HERE, TAG, Engine, Nginx, Owned, RedisServer, accepts, free_port, wait_until
+from .conftest import HERE, TAG, Engine, Nginx, NodeScript, Owned, RedisServer, accepts, free_port, wait_until
 
 REDIS_PORT = free_port()
 TIERS = ("socket", "syscall")  # the exactness of each socket tier that loads (socket_hooks)
@@ -247,21 +246,6 @@ def test_a_post_answered_before_its_body_was_read_is_one_span_under_its_call(age
         server.stop()
 
 
-class NodeGateway(Owned):
-    """tests/integration/gateway_node.js; argv[0] carries the run's tag, by which the agent selects it."""
-
-    def __init__(self, agent, upstream: int):
-        node = shutil.which("node") or shutil.which("nodejs")
-        if node is None:
-            pytest.skip("no Node.js: .ci/run installs Debian's nodejs")
-        self.port = free_port()
-        self.proc = subprocess.Popen(["bash", "-c", f'exec -a "node-{TAG}" {node} {HERE / "gateway_node.js"} '
-                                      f'{self.port} {upstream}'])
-        self.pid = self.proc.pid
-        self.until(lambda: agent.tracks(self.pid), 10, "the agent to track node")
-        self.until(lambda: accepts(self.port), 10, f"node on port {self.port}")
-
-
 class StdlibUpstream(Owned):
     """Python's http.server over a folder whose path carries the run's tag:
     HTTP/1.0, so it closes each connection after its answer."""
@@ -288,7 +272,7 @@ def test_a_node_gateway_s_calls_are_in_its_requests_traces(agent, tmp_path, upst
     connection, and the next socket the kernel made at the same address was
     taken for it: its calls' upstream spans were traces of their own.)"""
     with (StdlibUpstream(agent, tmp_path / TAG) if upstream == "http.server"
-          else Nginx(agent, tmp_path / "nginx")) as up, NodeGateway(agent, up.port) as gateway:
+          else Nginx(agent, tmp_path / "nginx")) as up, NodeScript(agent, "gateway_node.js", str(up.port)) as gateway:
         path = "/page.txt" if upstream == "http.server" else "/index.html"
         for _ in range(N):
             status, _ = get(gateway.port, path)

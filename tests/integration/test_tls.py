@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from .conftest import HERE, TAG, Nginx, Owned, accepts, free_port, wait_until
+from .conftest import HERE, TAG, Nginx, NodeScript, Owned, wait_until
 
 TIERS = ("socket", "syscall")  # the exactness of each socket tier that loads (socket_hooks)
 PATHS = ("/json/a", "/status/404", "/json/b", "/status/503")
@@ -46,19 +46,8 @@ class HttpsUvicorn(Owned):
         self.until(lambda: agent.tracks(self.pid), 10, "the agent to track uvicorn")
 
 
-class HttpsNode(Owned):
-    """tests/integration/https_node.js; argv[0] carries the run's tag, by which the agent selects it."""
-
-    def __init__(self, agent, cert: tuple[str, str]):
-        node = shutil.which("node") or shutil.which("nodejs")
-        if node is None:
-            pytest.skip("no Node.js: .ci/run installs Debian's nodejs")
-        self.port = free_port()
-        self.proc = subprocess.Popen(["bash", "-c", f'exec -a "node-{TAG}" {node} {HERE / "https_node.js"} '
-                                      f'{self.port} {cert[0]} {cert[1]}'])
-        self.pid = self.proc.pid
-        self.until(lambda: agent.tracks(self.pid), 10, "the agent to track node")
-        self.until(lambda: accepts(self.port), 10, f"node on port {self.port}")
+def https_node(agent, cert: tuple[str, str]) -> NodeScript:
+    return NodeScript(agent, "https_node.js", *cert)
 
 
 def drive(port: int, paths, connections: int = 3, per_connection: int = 8) -> collections.Counter:
@@ -107,7 +96,7 @@ def test_nginx_over_https_is_framed_like_cleartext(agent, certificate, tmp_path)
 
 def test_node_over_https_is_framed_like_cleartext(agent, certificate):
     """Node maps no libssl: the probes go on its executable, which exports OpenSSL's functions."""
-    with HttpsNode(agent, certificate) as server:
+    with https_node(agent, certificate) as server:
         wait_until(lambda: agent.metric("sitsprobe_tls_processes", pid=server.pid) == 1, 15,
                    "the agent to hook the OpenSSL in node")
         check(agent, server.port, server.pid, drive(server.port, PATHS))
@@ -139,7 +128,7 @@ def test_doctor_names_what_it_cannot_decrypt(agent, certificate):
     from .test_http2 import H2Peer
 
     with H2Peer(agent, "grpc") as grpc_server, HttpsUvicorn(agent, certificate) as https, \
-            HttpsNode(agent, certificate) as node:
+            https_node(agent, certificate) as node:
         doctor = subprocess.run([sys.executable, "-m", "sitsprobe.cli", "doctor", "--json",
                                  "--pid", str(grpc_server.pid), "--pid", str(https.pid), "--pid", str(node.pid)],
                                 capture_output=True, text=True, timeout=120)
