@@ -16,7 +16,7 @@ fi
 packages=(python3-bpfcc bpfcc-tools bpftool systemtap-sdt-dev nginx-light apache2-utils wrk redis-server
           openssl     # the TLS tests' self-signed certificates
           netcat-openbsd  # nc -N: a client that shuts its sending side and reads the answer
-          nodejs      # Node's http server: a keep-alive server that reads a body after its answer
+          nodejs      # Node.js: a keep-alive server that reads a body after its answer, and HTTPS
           prometheus  # promtool and a live Prometheus: the alerting rules and the dashboards' PromQL
           podman runc mmdebstrap iptables)  # scripts/image.sh: the image built from Debian and run
 missing=()

@@ -3,8 +3,8 @@ maps, so HTTPS and gRPC over TLS are framed from their plaintext exactly as
 cleartext is, and the ciphertext of the same connection is not reported
 again (bpf/net.c: CF_TLS, ssl_enter/ssl_leave).
 
-Python's ssl module, nginx and curl load libssl; Node carries OpenSSL in its
-own executable and exports its functions (for native addons). The probes go
+Python's ssl module, nginx and curl load libssl; Node's official builds
+carry OpenSSL in the executable and export its functions (for native addons). The probes go
 on that file (through the process's mount namespace) for that process alone:
 a uprobe traps whatever runs the probed code, and every process on the node
 that is not traced (a load generator, a sidecar) must not pay for it

@@ -255,14 +255,14 @@ class Nginx(Owned):
 
 
 class NodeScript(Owned):
-    """A script of this folder on Node.js (Debian's nodejs), serving on a port
+    """A script of this folder on Node.js (the nodejs package), serving on a port
     of its own, its first argument; argv[0] carries ``tag``, by which the
     agent selects it (its process is tracked before it listens)."""
 
     def __init__(self, agent: AgentHandle, script: str, *args: str, tag: str = TAG):
         node = shutil.which("node") or shutil.which("nodejs")
         if node is None:
-            pytest.skip("no Node.js: .ci/run installs Debian's nodejs")
+            pytest.skip("no Node.js: .ci/run installs the nodejs package")
         self.port = free_port()
         argv = " ".join(shlex.quote(a) for a in (node, str(HERE / script), str(self.port), *args))
         self.proc = subprocess.Popen(["bash", "-c", f'exec -a "node-{tag}" {argv}'])

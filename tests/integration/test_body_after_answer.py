@@ -6,7 +6,7 @@ there; before, the next request was taken for more body and its answer for
 a pipelined one, its request unknown ("HTTP unknown"). Each tier is run
 (TIERS).
 
-Peers no one here wrote: Node's http module (Debian's nodejs), gunicorn's
+Peers no one here wrote: Node's http module (nodejs), gunicorn's
 threaded worker (PyPI); each serves a PUT 404 from its head, and a GET.
 """
 from __future__ import annotations
