@@ -68,9 +68,11 @@ class Stitcher:
 
     def due(self, ex: Exchange) -> bool:
         """Whether an open exchange's framing says its response has ended,
-        and the events of all its writes are in hand (the last may still be
-        on its way when the connection's entry already shows the end)."""
-        if ex.key in self._reported or not protocol_of(ex).complete(ex):
+        its request's body is all read (HTTP/1: see http1.body_read), and
+        the events of all its writes are in hand (the last may still be on
+        its way when the connection's entry already shows the end)."""
+        proto = protocol_of(ex)
+        if ex.key in self._reported or not proto.complete(ex) or (proto is http1 and not http1.body_read(ex)):
             return False
         p = ex.payload
         return p is None or len(self._writes.get(ex.key, ())) >= min(p.writes_total, self._per_exchange)

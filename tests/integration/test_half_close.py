@@ -27,6 +27,7 @@ AGENT_SELECT = {"cmdline": [re.escape(RUN_TAG)], "comms": [], "ports": []}
 
 BODY = 100  # bytes of each PUT's body, sent after its answer
 PUTS = 6
+SLOW_CLIENT_S = 0.15  # three of the test agent's flush ticks (conftest: 50 ms)
 
 
 class Gunicorn(Owned):
@@ -45,15 +46,17 @@ class Gunicorn(Owned):
 
 
 def put_answered_before_its_body(port: int) -> tuple[int, int, bytes]:
-    """A PUT's head; its answer, read until the server shuts its side; then
-    its body, and a pause in which the server reads it, before the close.
-    (client port, bytes sent, the answer)."""
+    """A PUT's head; its answer, read until the server shuts its side; then,
+    after a pause longer than the agent's flush tick (a client on a slow
+    link), its body, and a pause in which the server reads it, before the
+    close. (client port, bytes sent, the answer)."""
     head = (f"PUT /upload HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {BODY}\r\n\r\n").encode()
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(head)
         answer = b""
         while chunk := s.recv(4096):
             answer += chunk
+        time.sleep(SLOW_CLIENT_S)
         s.sendall(b"y" * BODY)
         time.sleep(0.1)
         return s.getsockname()[1], len(head) + BODY, answer

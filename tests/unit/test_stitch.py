@@ -133,6 +133,24 @@ def test_a_response_is_due_only_when_its_framing_says_it_ended():
     assert not s.due(exchange(resp=b"HTTP/1.1 101 Switching\r\n\r\n", status=101))
 
 
+def test_a_response_before_its_requests_body_waits_for_the_body():
+    """A server that answers an upload from its head reads the body after,
+    as the client sends it: the exchange is not due until then, whatever
+    the response's framing says."""
+    s = stitcher()
+    head = b"PUT /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+    answer = b"HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n\r\nnope\n"
+    assert not s.due(exchange(req=head, resp=answer, bytes_in=len(head)))
+    assert not s.due(exchange(req=head + b"y" * 60, resp=answer, bytes_in=len(head) + 99))
+    assert s.due(exchange(req=head + b"y" * 60, resp=answer, bytes_in=len(head) + 100))
+    # no length to wait for: a chunked body, or a head longer than the bytes kept
+    chunked = b"POST /up HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert s.due(exchange(req=chunked, resp=answer, bytes_in=len(chunked)))
+    assert s.due(exchange(req=head[:30], resp=answer, bytes_in=30))
+    # pipelined: the exchange's bytes are its and the others' (the kernel's END_RESPONSE tells)
+    assert s.due(exchange(req=head, resp=answer, bytes_in=len(head), pipeline=1))
+
+
 def test_an_answer_the_close_cut_short_of_its_framing_says_so():
     s = stitcher()
     head = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"

@@ -62,6 +62,18 @@ def complete(ex: Exchange) -> bool:
     return bool(ex.status) and _framing(ex, parse_response_head(ex.resp)) is True
 
 
+def body_read(ex: Exchange) -> bool:
+    """Whether the request's body, where its head gives its length, has all
+    been read. A server may answer from the head (a 404 or 413 before an
+    upload) and read the body after, as slowly as the client sends it
+    (gunicorn in its lingering close): those bytes are still the request's,
+    so its exchange is not reported before them. Not known: read."""
+    if ex.pipeline or ex.req.startswith((b"GET ", b"HEAD ")):
+        return True  # (the cheap common case; pipelined: each head's own bytes are not known)
+    heads = parse_request_heads(ex.req, limit=1)
+    return not heads or heads[0].size is None or ex.bytes_in >= heads[0].size
+
+
 def cut_off(ex: Exchange) -> bool:
     """Whether an answer the close ended fell short of its own framing: fewer
     bytes than its Content-Length, or chunked with no terminator. Not known
