@@ -944,8 +944,8 @@ static __always_inline __u64 caller_of(struct conn *c)
     if (caller->state == ST_READING || caller->flags & CF_STREAM) {
         caller->calls++;
     } else if (!(caller->flags & CF_ANSWERED)) { /* the first answer's read is the earliest */
-        caller->flags |= CF_ANSWERED;
         caller->answered_ns = c->start_ns;
+        caller->flags |= CF_ANSWERED;
     }
     return *k;
 }
@@ -1381,6 +1381,12 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         __u16 seeded = c->flags & CF_SEEDED;
         if (n > REQ_CAP)
             n = REQ_CAP;
+        /* A traced server's read from before this client read its last answer
+         * was the last call's (caller_of): the caller's hook for that call
+         * had not yet shown it sending (its program and the server's run at
+         * once, the bytes moved before its hook). Not this call's. */
+        if (c->answered_ns < c->last_out_ns)
+            c->flags &= ~CF_ANSWERED;
         c->start_ns = now;
         c->first_out_ns = c->last_out_ns = 0;
         c->bytes_in = c->bytes_out = 0;

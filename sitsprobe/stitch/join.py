@@ -189,14 +189,15 @@ class Joiner:
         return call.start_ns - SEND_LAG_NS
 
     def _open(self, node: _Node) -> None:
-        """``node`` waits, and later requests may belong to it: they wait with it."""
+        """``node`` waits, and later requests may belong to it: they wait with
+        it. A server request, if the kernel linked calls to it; any call (a
+        callee may read a call before the caller's hook shows it sending,
+        and the kernel then counts it for no call, or for the next)."""
         r = node.req
-        if not r.calls:
-            return
-        if r.direction == "server":
-            self._open_servers[(r.pid, r.fd, r.start_ns)] = node
-        else:
+        if r.direction == "client":
             self._open_calls.setdefault((r.pid, r.fd), []).append(node)
+        elif r.calls:
+            self._open_servers[(r.pid, r.fd, r.start_ns)] = node
 
     def _close(self, r: Request) -> None:
         """``r`` is placed: no longer open."""
@@ -271,7 +272,7 @@ class Joiner:
         r = node.req
         span = Span(r, trace_id, new_id(64), parent_id, via)
         trace.spans.append(span)
-        if r.calls:  # later requests may belong to this one
+        if r.calls or r.direction == "client":  # later requests may belong to this one (_open)
             self._close(r)
             self._remember(r, _Placed(trace, span.span_id, r.start_ns, r.end_ns, _stream(r), node.after_ns))
         for child, how in node.children:

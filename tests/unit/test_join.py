@@ -171,3 +171,21 @@ def test_an_answer_begun_long_before_a_connections_first_call_is_not_its_child()
     assert j.add(stale, 0) == [] and j.add(call, 0) == []
     [t] = j.add(S1, 0)
     assert [s.req for s in t.spans] == [S1, call] and j.waiting() == 1
+
+
+def test_an_answer_the_kernel_counted_for_no_call_still_finds_its_call():
+    """The caller's hook and the server's read race (each on its own CPU):
+    the kernel may count no callee for a call whose answer then comes. The
+    call, placed already, still takes it, whichever comes first."""
+    call = req(GATEWAY, 7, 10, 15, "client", Link(GATEWAY, 5, 0), calls=0)
+    answer = req(ENGINE, 9, 11, 14, link=Link(GATEWAY, 7, 0))
+    for order in itertools.permutations([S1, call, answer]):
+        j = Joiner(wait_ns=1000 * MS)
+        traces = []
+        for r in order:
+            for t in j.add(r, 0):
+                t.exported = True
+                traces.append(t)
+        got = shape(traces)
+        assert got[answer][1:] == (call, "connection") and got[call][1:] == (S1, "thread"), order
+        assert len({tid for tid, _, _ in got.values()}) == 1 and j.waiting() == 0, order
