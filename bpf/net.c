@@ -1834,6 +1834,16 @@ static __always_inline void index_client(struct conn *c)
     }
 }
 
+/* c's socket is a TCP one with tuple t (`socks`). */
+static __always_inline void knows_tuple(struct conn *c, const struct tuple *t)
+{
+    c->t = *t;
+    c->flags |= CF_TUPLE;
+    if (NET_TIER == NET_TIER_SOCK) /* `socks` holds TCP sockets only: no tcp_sendmsg hook needed */
+        c->flags |= CF_TCP;
+    index_client(c);
+}
+
 /* The socket under a call on c: learnt once per connection, with its tuple
  * when it is a TCP socket that connected while we watched (`socks`). */
 static __always_inline void learn_sock(struct conn *c, __u64 sk)
@@ -1847,13 +1857,8 @@ static __always_inline void learn_sock(struct conn *c, __u64 sk)
     draining.delete(&sk); /* an earlier socket's at this address, whose end-of-file read never came */
 #endif
     struct tuple *t = socks.lookup(&sk);
-    if (t) {
-        c->t = *t;
-        c->flags |= CF_TUPLE;
-        if (NET_TIER == NET_TIER_SOCK) /* `socks` holds TCP sockets only: no tcp_sendmsg hook needed */
-            c->flags |= CF_TCP;
-        index_client(c);
-    }
+    if (t)
+        knows_tuple(c, t);
 }
 
 #if NET_TIER == NET_TIER_SYSCALL
@@ -2106,19 +2111,31 @@ static __always_inline int connects_to(__u64 ptr, const struct tuple *t)
     return read_user(sa, sizeof(sa), (void *)ptr) == 0 && sa[0] == t->family && ntohs(sa[1]) == t->rport;
 }
 
-/* A TCP handshake completed inside a tracked process's connect(): its
- * connection is known by its socket now, not at its first call (the socket
- * tier's) or its first send (the syscall tier's), so that a traced server
- * that answers that call before the call's hook has run finds its caller
- * (caller_of). Only inside the connect() whose destination this is: in a
- * softirq the current task is whoever it interrupted. */
-static __always_inline void dialed_now(__u64 sk, const struct tuple *t)
+#if CONN_BY_STATE
+/* A socket is made once: a conn still on this address is an earlier
+ * socket's (the kernel reuses a freed socket's memory) whose end went unseen. */
+static __always_inline void unbind_stale(__u64 sk)
+{
+    __u64 *was = sk_conns.lookup(&sk);
+    __u64 w = was ? *was : 0;
+    struct conn *stale = was ? conns.lookup(&w) : NULL;
+    if (stale && stale->sk == sk)
+        close_conn(stale, w);
+    else if (was)
+        sk_conns.delete(&sk);
+}
+
+/* A tracked process's connect() begins a TCP handshake (t: its far end):
+ * its connection is known by its socket from now on, not from its first
+ * call, whose hook runs once the bytes have moved, when a traced server may
+ * have read and answered them: the server finds its caller (caller_of) once
+ * the handshake tells the tuple (dialed_now), in whatever context that comes. */
+static __always_inline void dialing_now(__u64 sk, const struct tuple *t)
 {
     __u64 id = bpf_get_current_pid_tgid();
     __u32 tgid = id >> 32;
     if (!OUTGOING || !is_tracked(tgid))
         return;
-#if CONN_BY_STATE
     struct pt_regs regs = {};
     bpf_probe_read_kernel(&regs, sizeof(regs), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()));
     if (SYSCALL_NR(&regs) != __NR_connect || !connects_to(SYSCALL_ARG2(&regs), t))
@@ -2134,7 +2151,26 @@ static __always_inline void dialed_now(__u64 sk, const struct tuple *t)
         c = adopt(key, tgid, fd, sk, 0);
     if (c)
         learn_sock(c, sk);
+}
+#endif
+
+/* A TCP handshake completed on a socket that connected (t: its tuple). The
+ * socket tier's conn, made when its connect() began, learns its tuple; the
+ * syscall tier's is made when connect() returns, with the socket it is told
+ * here when this runs inside that connect() (in a softirq the current task
+ * is whoever it interrupted). */
+static __always_inline void dialed_now(__u64 sk, const struct tuple *t)
+{
+#if CONN_BY_STATE
+    __u64 *key = sk_conns.lookup(&sk);
+    __u64 k = key ? *key : 0;
+    struct conn *c = key ? conns.lookup(&k) : NULL;
+    if (c && c->sk == sk && !(c->flags & CF_TUPLE))
+        knows_tuple(c, t);
 #else
+    __u64 id = bpf_get_current_pid_tgid();
+    if (!OUTGOING || !is_tracked(id >> 32))
+        return;
     struct args *a = inflight.lookup(&id);
     if (a && a->kind == K_CONNECT && connects_to(a->ptr, t))
         dialing.update(&id, &sk); /* its conn is made when connect() returns (learn_dialed) */
@@ -2177,22 +2213,21 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 #endif
         return 0;
     }
+#if CONN_BY_STATE
+    if (args->newstate == BPF_TCP_SYN_SENT) { /* connect(), in the connecting process */
+        __u8 one = 1;
+        struct tuple far = {.family = args->family, .rport = args->dport}; /* its own port is not chosen yet */
+        unbind_stale(sk);
+        dialed.update(&sk, &one);
+        dialing_now(sk, &far);
+        return 0;
+    }
+#endif
     if (args->newstate != BPF_TCP_ESTABLISHED)
         return 0;
 #if CONN_BY_STATE
-    /* A socket is established once: a conn still on this address is an earlier
-     * socket's (the kernel reuses a freed socket's memory) whose end went unseen. */
-    __u64 *was = sk_conns.lookup(&sk);
-    __u64 w = was ? *was : 0;
-    struct conn *stale = was ? conns.lookup(&w) : NULL;
-    if (stale && stale->sk == sk)
-        close_conn(stale, w);
-    else if (was)
-        sk_conns.delete(&sk);
-    if (args->oldstate == BPF_TCP_SYN_SENT) {
-        __u8 one = 1;
-        dialed.update(&sk, &one);
-    }
+    if (args->oldstate != BPF_TCP_SYN_SENT) /* accepted: a socket new to us */
+        unbind_stale(sk);
 #endif
     struct tuple t = {.family = args->family, .lport = args->sport, .rport = args->dport};
     if (args->family == AF_INET_) {
