@@ -717,8 +717,9 @@ class Agent:
         ``everything``, all that are open, as they stand); return requests
         in flight by pid."""
         in_flight: dict[int, float] = {}
+        now = time.monotonic_ns()  # the kernel's clock (bpf_ktime_get_ns)
         for ex, state in self.probe.open_exchanges():
-            if everything or (state == 2 and self.stitcher.due(ex)
+            if everything or (state == 2 and self.stitcher.due(ex, now)
                               and (not ex.flags & CF_BINNED or self.probe.claim(ex))):
                 # a CF_BINNED one only once claimed, so that the kernel does not count it
                 # too; at the end (everything) the kernel will not report it

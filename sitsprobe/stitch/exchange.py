@@ -21,6 +21,16 @@ from ..routes import RouteMapper
 from .protocols import http1, protocol_of
 
 
+# A call (a client exchange) is reported by the flush only once it has been
+# quiet this long. The kernel reports the call before it on the connection
+# when this one begins, through the ring; a ring record waits behind any
+# reserved before it whose program has not yet submitted (its CPU taken away:
+# 55 ms seen on a loaded 2-CPU machine). A call flushed meanwhile would come
+# before the one it followed, and the joiner bounds a call's answer by the
+# end of the call before it (join.Joiner._after).
+CALL_SETTLE_NS = 250_000_000
+
+
 class Stitcher:
     def __init__(self, routes: RouteMapper, max_remembered: int = 65536, max_writes: int = 1 << 20,
                  writes_per_exchange: int = 4096):
@@ -66,11 +76,14 @@ class Stitcher:
             return []
         return self.requests(self._joined(ex))
 
-    def due(self, ex: Exchange) -> bool:
+    def due(self, ex: Exchange, now_ns: int) -> bool:
         """Whether an open exchange's framing says its response has ended,
-        its request's body is all read (HTTP/1: see http1.body_read), and
-        the events of all its writes are in hand (the last may still be on
-        its way when the connection's entry already shows the end)."""
+        its request's body is all read (HTTP/1: see http1.body_read), the
+        events of all its writes are in hand (the last may still be on its
+        way when the connection's entry already shows the end), and, for a
+        call, it has been quiet for CALL_SETTLE_NS (at ``now_ns``)."""
+        if ex.flags & CF_CLIENT and now_ns - max(ex.last_in_ns, ex.last_out_ns) < CALL_SETTLE_NS:
+            return False
         proto = protocol_of(ex)
         if ex.key in self._reported or not proto.complete(ex) or (proto is http1 and not http1.body_read(ex)):
             return False

@@ -1,12 +1,13 @@
 """Stitcher: kernel exchanges -> Requests through their protocol, without a kernel."""
 from __future__ import annotations
 
+from sitsprobe.abi import CF_CLIENT
 from sitsprobe.events import (CF_CHUNK_END, CF_MISSED, CF_TCP, CF_TUPLE, END_CLOSE, END_FLUSH,
                               END_NEXT, END_RESPONSE, Exchange)
 from sitsprobe.events import Beat
 from sitsprobe.request import Endpoint, Payload, Write
 from sitsprobe.routes import RouteMapper
-from sitsprobe.stitch.exchange import Stitcher, enrich
+from sitsprobe.stitch.exchange import CALL_SETTLE_NS, Stitcher, enrich
 from sitsprobe.stitch.protocols import http1, opaque, protocol_of
 
 REQ = b"GET /v1/models/7?x=1 HTTP/1.1\r\nHost: a\r\nUser-Agent: t/1\r\n\r\n"
@@ -23,6 +24,9 @@ def exchange(req=REQ, resp=RESP, flags=CF_TUPLE | CF_TCP, answered=True, **kw) -
                   status=404 if answered else 0, pipeline=0,
                   req=req, resp=resp if answered else b"")
     return Exchange(**(fields | kw))
+
+
+LATER = 10**12  # ns: a flush long after the exchanges here ended (CALL_SETTLE_NS)
 
 
 def stitcher() -> Stitcher:
@@ -116,21 +120,21 @@ def test_resp_is_framed_as_redis_commands():
 def test_a_response_is_due_only_when_its_framing_says_it_ended():
     s = stitcher()
     head = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"
-    assert not s.due(exchange(resp=head, status=200, bytes_out=len(head) + 9))
-    assert s.due(exchange(resp=head, status=200, bytes_out=len(head) + 10))
+    assert not s.due(exchange(resp=head, status=200, bytes_out=len(head) + 9), LATER)
+    assert s.due(exchange(resp=head, status=200, bytes_out=len(head) + 10), LATER)
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
-    assert not s.due(exchange(resp=chunked, status=200, bytes_out=10_000))  # a stream, paused
-    assert s.due(exchange(resp=chunked, status=200, flags=CF_TUPLE | CF_CHUNK_END))
+    assert not s.due(exchange(resp=chunked, status=200, bytes_out=10_000), LATER)  # a stream, paused
+    assert s.due(exchange(resp=chunked, status=200, flags=CF_TUPLE | CF_CHUNK_END), LATER)
     # the terminator split over writes: not in the last one, but in the kept tail
     split_end = Payload(response_tail=b"data: x\n\n\r\n0\r\n\r\n")
-    assert s.due(exchange(resp=chunked, status=200, payload=split_end))
-    assert not s.due(exchange(resp=chunked, status=200, payload=Payload(response_tail=b"data: x\n\n\r\n")))
+    assert s.due(exchange(resp=chunked, status=200, payload=split_end), LATER)
+    assert not s.due(exchange(resp=chunked, status=200, payload=Payload(response_tail=b"data: x\n\n\r\n")), LATER)
     close_delimited = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
-    assert not s.due(exchange(resp=close_delimited, status=200, bytes_out=10**9))
-    assert s.due(exchange(resp=b"HTTP/1.1 204 No Content\r\n\r\n", status=204))
-    assert s.due(exchange(req=b"HEAD / HTTP/1.1\r\n\r\n", resp=head, status=200))
-    assert not s.due(exchange(resp=b"HTTP/1.1 200 OK\r\nServer: x\r\nContent-Le", status=200))
-    assert not s.due(exchange(resp=b"HTTP/1.1 101 Switching\r\n\r\n", status=101))
+    assert not s.due(exchange(resp=close_delimited, status=200, bytes_out=10**9), LATER)
+    assert s.due(exchange(resp=b"HTTP/1.1 204 No Content\r\n\r\n", status=204), LATER)
+    assert s.due(exchange(req=b"HEAD / HTTP/1.1\r\n\r\n", resp=head, status=200), LATER)
+    assert not s.due(exchange(resp=b"HTTP/1.1 200 OK\r\nServer: x\r\nContent-Le", status=200), LATER)
+    assert not s.due(exchange(resp=b"HTTP/1.1 101 Switching\r\n\r\n", status=101), LATER)
 
 
 def test_a_response_before_its_requests_body_waits_for_the_body():
@@ -140,15 +144,25 @@ def test_a_response_before_its_requests_body_waits_for_the_body():
     s = stitcher()
     head = b"PUT /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
     answer = b"HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n\r\nnope\n"
-    assert not s.due(exchange(req=head, resp=answer, bytes_in=len(head)))
-    assert not s.due(exchange(req=head + b"y" * 60, resp=answer, bytes_in=len(head) + 99))
-    assert s.due(exchange(req=head + b"y" * 60, resp=answer, bytes_in=len(head) + 100))
+    assert not s.due(exchange(req=head, resp=answer, bytes_in=len(head)), LATER)
+    assert not s.due(exchange(req=head + b"y" * 60, resp=answer, bytes_in=len(head) + 99), LATER)
+    assert s.due(exchange(req=head + b"y" * 60, resp=answer, bytes_in=len(head) + 100), LATER)
     # no length to wait for: a chunked body, or a head longer than the bytes kept
     chunked = b"POST /up HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-    assert s.due(exchange(req=chunked, resp=answer, bytes_in=len(chunked)))
-    assert s.due(exchange(req=head[:30], resp=answer, bytes_in=30))
+    assert s.due(exchange(req=chunked, resp=answer, bytes_in=len(chunked)), LATER)
+    assert s.due(exchange(req=head[:30], resp=answer, bytes_in=30), LATER)
     # pipelined: the exchange's bytes are its and the others' (the kernel's END_RESPONSE tells)
-    assert s.due(exchange(req=head, resp=answer, bytes_in=len(head), pipeline=1))
+    assert s.due(exchange(req=head, resp=answer, bytes_in=len(head), pipeline=1), LATER)
+
+
+def test_a_call_is_due_only_once_it_has_been_quiet_a_while():
+    """A call flushed at once could come before the call it followed on its
+    connection, whose record the ring still holds back (CALL_SETTLE_NS)."""
+    s = stitcher()
+    call = exchange(flags=CF_TUPLE | CF_TCP | CF_CLIENT, last_out_ns=3_000)
+    assert not s.due(call, 3_000 + CALL_SETTLE_NS - 1)
+    assert s.due(call, 3_000 + CALL_SETTLE_NS)
+    assert s.due(call._replace(flags=CF_TUPLE | CF_TCP), 3_000)  # a server's answer: at once
 
 
 def test_an_answer_the_close_cut_short_of_its_framing_says_so():
@@ -182,9 +196,9 @@ def test_an_answer_the_close_cut_short_of_its_framing_says_so():
 def test_a_flushed_exchange_reported_again_by_the_kernel_is_dropped():
     s = stitcher()
     ex = exchange()
-    assert s.due(ex)
+    assert s.due(ex, LATER)
     assert len(s.on_flush(ex._replace(reason=END_FLUSH))) == 1
-    assert not s.due(ex) and s.on_flush(ex._replace(reason=END_FLUSH)) == []
+    assert not s.due(ex, LATER) and s.on_flush(ex._replace(reason=END_FLUSH)) == []
     assert s.on_exchange(ex) == [] and s.duplicates == 1
     assert len(s.on_exchange(ex._replace(start_ns=5_000))) == 1  # the next exchange
     assert len(s.on_exchange(ex._replace(pipeline=1))) == 1  # the next pipelined response
@@ -232,11 +246,11 @@ def test_protocols_are_asked_in_order():
 def test_a_resp_exchange_is_due_once_every_command_has_its_whole_reply():
     s = stitcher()
     two = b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n*2\r\n$3\r\nGET\r\n$1\r\nb\r\n"
-    assert s.due(exchange(req=two, resp=b"$1\r\nx\r\n$-1\r\n", status=0))
-    assert not s.due(exchange(req=two, resp=b"$1\r\nx\r\n", status=0))  # one reply still to come
-    assert not s.due(exchange(req=two, resp=b"$5\r\nxy", status=0))  # a reply cut
+    assert s.due(exchange(req=two, resp=b"$1\r\nx\r\n$-1\r\n", status=0), LATER)
+    assert not s.due(exchange(req=two, resp=b"$1\r\nx\r\n", status=0), LATER)  # one reply still to come
+    assert not s.due(exchange(req=two, resp=b"$5\r\nxy", status=0), LATER)  # a reply cut
     big = exchange(req=two, resp=b"$1\r\nx\r\n$-1\r\n", status=0, bytes_out=10_000)
-    assert not s.due(big)  # more was sent than captured: cannot tell
+    assert not s.due(big, LATER)  # more was sent than captured: cannot tell
 
 
 def test_a_posts_writes_join_its_exchange_and_it_is_due_once_all_are_in():
@@ -246,9 +260,9 @@ def test_a_posts_writes_join_its_exchange_and_it_is_due_once_all_are_in():
     ex = exchange(req=post, resp=head, status=200, bytes_out=len(head) + 4,
                   payload=Payload(writes_total=3))
     s.on_beat(Beat(ex.key, Write(2_000, len(head), head)))
-    assert not s.due(ex)  # its framing ended, but the second write's event is still on its way
+    assert not s.due(ex, LATER)  # its framing ended, but the second write's event is still on its way
     s.on_beat(Beat(ex.key, Write(2_500, 4, b"ok!!")))
-    assert s.due(ex)  # the kernel reports the first two writes one by one: both are in
+    assert s.due(ex, LATER)  # the kernel reports the first two writes one by one: both are in
     (r,) = s.on_flush(ex)
     assert [w.ts_ns for w in r.payload.writes] == [2_000, 2_500]
     assert s.on_exchange(ex) == []  # the kernel's own report, dropped; no writes held for it
