@@ -16,7 +16,6 @@ import http.client
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -280,7 +279,9 @@ def test_a_node_gateway_s_calls_are_in_its_requests_traces(agent, tmp_path, upst
         served = agent.traces.wait_for_port(gateway.port, N, pid=gateway.pid)
         wait_until(lambda: len([s for s in agent.traces.spans() if s["resource"].get("process.pid") in up.pids
                                 and s["kind"] == SERVER]) >= N, 15, f"{N} upstream spans")
-        time.sleep(0.3)
+        # the last call on a kept-alive connection is flushed once quiet (CALL_SETTLE_NS)
+        wait_until(lambda: len([s for s in agent.traces.for_pid(gateway.pid) if s["kind"] == CLIENT]) >= N, 15,
+                   f"the gateway's {N} calls")
         spans = agent.traces.spans()
         wrong = []
         for s in served:
