@@ -6,7 +6,8 @@ uvicorn with redis.asyncio and httpx); all three are traced. Each request
 must come out as one trace: the service's server span, its three client
 spans under it, and the callees' server spans under those client spans,
 though no one sent a traceparent. Then a gateway (nginx's proxy_pass) in
-front of the reference engine: every engine span in the gateway's trace.
+front of the reference engine: every engine span in the gateway's trace;
+and Node's http and HAProxy as gateways in front of http.server and nginx.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import collections
 import contextlib
 import http.client
 import json
+import shutil
 import subprocess
 import sys
 
@@ -261,6 +263,56 @@ class StdlibUpstream(Owned):
         self.until(lambda: accepts(self.port), 10, f"http.server on port {self.port}")
 
 
+class HAProxy(Owned):
+    """Debian's HAProxy in front of one upstream, in the foreground, with two
+    threads (an event loop each) and its default connection reuse; its
+    config's path carries the run's tag, by which the agent selects it. It
+    ignores probes: else the connection that `accepts` opens and closes
+    without a request gets a 400, which the agent rightly reports."""
+
+    def __init__(self, agent, folder, upstream: int):
+        haproxy = shutil.which("haproxy")
+        if haproxy is None:
+            pytest.skip("no HAProxy: .ci/run installs the haproxy package")
+        folder.mkdir()
+        self.port = free_port()
+        config = folder / "haproxy.cfg"
+        config.write_text(f"""global
+    nbthread 2
+defaults
+    mode http
+    option http-ignore-probes
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+frontend gateway
+    bind 127.0.0.1:{self.port}
+    default_backend upstream
+backend upstream
+    server up 127.0.0.1:{upstream}
+""")
+        self.proc = subprocess.Popen([haproxy, "-db", "-f", str(config)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.pid = self.proc.pid
+        self.until(lambda: agent.tracks(self.pid), 10, "the agent to track HAProxy")
+        self.until(lambda: accepts(self.port), 10, f"HAProxy on port {self.port}")
+
+
+@pytest.mark.parametrize("upstream", ["http.server", "nginx"])
+def test_a_haproxy_gateway_s_calls_are_in_its_requests_traces(agent, tmp_path, upstream):
+    """HAProxy forwards each request on a connection to the upstream that it
+    keeps for reuse where the upstream keeps it (nginx), on one of its
+    threads' event loops. Each request is one trace: the gateway's span, its
+    call, the upstream's span under the call, matched by connection."""
+    with (StdlibUpstream(agent, tmp_path / TAG) if upstream == "http.server"
+          else Nginx(agent, tmp_path / "nginx")) as up, HAProxy(agent, tmp_path / f"haproxy-{TAG}", up.port) as gateway:
+        path = "/page.txt" if upstream == "http.server" else "/index.html"
+        for _ in range(N):
+            status, _ = get(gateway.port, path)
+            assert status == 200
+        assert_each_request_is_its_call_and_callee(agent, gateway, up, N)
+
+
 @pytest.mark.parametrize("upstream", ["http.server", "nginx"])
 def test_a_node_gateway_s_calls_are_in_its_requests_traces(agent, tmp_path, upstream):
     """Node calls through its keep-alive agent: http.server closes each
@@ -276,20 +328,26 @@ def test_a_node_gateway_s_calls_are_in_its_requests_traces(agent, tmp_path, upst
         for _ in range(N):
             status, _ = get(gateway.port, path)
             assert status == 200
-        served = agent.traces.wait_for_port(gateway.port, N, pid=gateway.pid)
-        wait_until(lambda: len([s for s in agent.traces.spans() if s["resource"].get("process.pid") in up.pids
-                                and s["kind"] == SERVER]) >= N, 15, f"{N} upstream spans")
-        # the last call on a kept-alive connection is flushed once quiet (CALL_SETTLE_NS)
-        wait_until(lambda: len([s for s in agent.traces.for_pid(gateway.pid) if s["kind"] == CLIENT]) >= N, 15,
-                   f"the gateway's {N} calls")
-        spans = agent.traces.spans()
-        wrong = []
-        for s in served:
-            calls = [c for c in spans if c.get("parentSpanId") == s["spanId"] and c["kind"] == CLIENT]
-            callees = [x for c in calls for x in spans if x.get("parentSpanId") == c["spanId"]]
-            got = ([(c["attrs"].get("server.port"), c["attrs"].get("http.response.status_code")) for c in calls],
-                   [(x["resource"].get("process.pid") in up.pids, x["traceId"] == s["traceId"],
-                     x["attrs"].get("sitsprobe.parent.inferred")) for x in callees])
-            if got != ([(up.port, 200)], [(True, True, "connection")]):
-                wrong.append(f"{s['name']} {s['spanId']}: {got}")
-        assert not wrong, "\n".join(wrong)
+        assert_each_request_is_its_call_and_callee(agent, gateway, up, N)
+
+
+def assert_each_request_is_its_call_and_callee(agent, gateway, up, n: int) -> None:
+    """The gateway's n requests: each the root of its trace with one call to
+    the upstream (answered 200) and the upstream's span under that call."""
+    served = agent.traces.wait_for_port(gateway.port, n, pid=gateway.pid)
+    wait_until(lambda: len([s for s in agent.traces.spans() if s["resource"].get("process.pid") in up.pids
+                            and s["kind"] == SERVER]) >= n, 15, f"{n} upstream spans")
+    # the last call on a kept-alive connection is flushed once quiet (CALL_SETTLE_NS)
+    wait_until(lambda: len([s for s in agent.traces.for_pid(gateway.pid) if s["kind"] == CLIENT]) >= n, 15,
+               f"the gateway's {n} calls")
+    spans = agent.traces.spans()
+    wrong = []
+    for s in served:
+        calls = [c for c in spans if c.get("parentSpanId") == s["spanId"] and c["kind"] == CLIENT]
+        callees = [x for c in calls for x in spans if x.get("parentSpanId") == c["spanId"]]
+        got = ([(c["attrs"].get("server.port"), c["attrs"].get("http.response.status_code")) for c in calls],
+               [(x["resource"].get("process.pid") in up.pids, x["traceId"] == s["traceId"],
+                 x["attrs"].get("sitsprobe.parent.inferred")) for x in callees])
+        if got != ([(up.port, 200)], [(True, True, "connection")]) or "parentSpanId" in s:
+            wrong.append(f"{s['name']} {s['spanId']} (parent {s.get('parentSpanId')}): {got}")
+    assert not wrong, "\n".join(wrong)
