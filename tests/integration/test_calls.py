@@ -270,7 +270,8 @@ class HAProxy(Owned):
     ignores probes: else the connection that `accepts` opens and closes
     without a request gets a 400, which the agent rightly reports."""
 
-    def __init__(self, agent, folder, upstream: int):
+    def __init__(self, agent, folder, upstream: int, pem: str | None = None):
+        """pem: a certificate and its key in one file, to terminate TLS with."""
         haproxy = shutil.which("haproxy")
         if haproxy is None:
             pytest.skip("no HAProxy: .ci/run installs the haproxy package")
@@ -286,7 +287,7 @@ defaults
     timeout client 30s
     timeout server 30s
 frontend gateway
-    bind 127.0.0.1:{self.port}
+    bind 127.0.0.1:{self.port}{f" ssl crt {pem}" if pem else ""}
     default_backend upstream
 backend upstream
     server up 127.0.0.1:{upstream}

@@ -2,8 +2,8 @@
 
 uvicorn (Python's ssl module over asyncio's memory BIOs), nginx (OpenSSL
 on its sockets) and Node (its official builds, NodeSource's among them, link
-OpenSSL into the executable and map no libssl; Debian's maps libssl) with a
-self-signed certificate, driven over HTTPS with keep-alive:
+OpenSSL into the executable and map no libssl; Debian's maps libssl), and
+HAProxy terminating TLS in front of nginx, with a self-signed certificate, driven over HTTPS with keep-alive:
 every request one span with its path and status, equal to the client's
 tally, and no opaque `tls` exchange beside them. grpcio carries BoringSSL
 inside its module: the agent says it cannot read it.
@@ -17,6 +17,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +94,22 @@ def test_nginx_over_https_is_framed_like_cleartext(agent, certificate, tmp_path)
         tally = drive(nginx.port, ("/", "/missing", "/index.html"))
         assert tally["/missing", 404] and tally["/", 200]
         check(agent, nginx.port, nginx.workers[0], tally)
+
+
+def test_haproxy_over_https_is_framed_like_cleartext(agent, certificate, tmp_path):
+    """HAProxy (Debian's, on libssl) terminating TLS in front of nginx: its
+    requests framed from the plaintext, its calls to nginx in cleartext."""
+    from .test_calls import HAProxy
+
+    pem = tmp_path / "haproxy.pem"  # HAProxy takes the certificate and its key in one file
+    pem.write_text(Path(certificate[0]).read_text() + Path(certificate[1]).read_text())
+    with Nginx(agent, tmp_path / "nginx") as up, HAProxy(agent, tmp_path / f"haproxy-{TAG}", up.port,
+                                                          str(pem)) as gateway:
+        wait_until(lambda: agent.metric("sitsprobe_tls_processes", pid=gateway.pid) == 1, 15,
+                   "the agent to hook HAProxy's libssl")
+        tally = drive(gateway.port, ("/", "/missing", "/index.html"))
+        assert tally["/missing", 404] and tally["/", 200]
+        check(agent, gateway.port, gateway.pid, tally)
 
 
 def test_node_over_https_is_framed_like_cleartext(agent, certificate):
