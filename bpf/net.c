@@ -128,6 +128,8 @@ NET_MAP("lru_hash", __u32, __u64, cwaits, 65536); /* ... of those, reads of a Re
 NET_MAP("hash", __u64, struct body, bodies, MAX_BODIES); /* keyed like conns, for CF_BODY exchanges */
 NET_MAP("lru_hash", __u32, struct serving, serving, 16384); /* tid -> the server exchange it serves */
 NET_MAP("lru_hash", __u32, struct serving, serving_proc, 4096); /* tgid -> its latest server exchange */
+NET_MAP("lru_hash", __u64, struct serving, dialed_for, 16384); /* a client conn -> what its thread served
+                                                                  * when it dialled (dialed_for_now) */
 NET_MAP("hash", struct tuple, __u64, clients, MAX_CONNS); /* a tracked TCP client connection's tuple -> its key */
 NET_MAP("percpu_array", int, struct body, zero_body, 1);
 NET_MAP("hash", struct bin_key, struct bin, bins, MAX_BINS);
@@ -904,10 +906,9 @@ static __always_inline void canonical(const struct tuple *t, struct tuple *p, in
     __builtin_memcpy(p->raddr, r, 16);
 }
 
-/* The server exchange the current thread is serving, while it is open (from
- * a thread that read no request, its process's latest: CF_BY_PROCESS in
- * *flags): a call that begins now belongs to it. */
-static __always_inline void served(__u64 *key, __u64 *start, __u16 *flags)
+/* The server exchange the current thread serves (from a thread that read
+ * no request, its process's latest: CF_BY_PROCESS in *flags). */
+static __always_inline struct serving *serving_now(__u16 *flags)
 {
     __u64 id = bpf_get_current_pid_tgid();
     __u32 tid = id, tgid = id >> 32;
@@ -917,6 +918,39 @@ static __always_inline void served(__u64 *key, __u64 *start, __u16 *flags)
         if (s)
             *flags |= CF_BY_PROCESS;
     }
+    return s;
+}
+
+/* A client connection (key) is dialled: what its thread serves now is what
+ * its first call is for. An event loop (nginx's proxy_pass) dials right
+ * after it read the request, and writes the call once the connection is
+ * ready, when it may have read others. */
+static __always_inline void dialed_for_now(__u64 key)
+{
+    __u16 flags = 0;
+    struct serving *s = serving_now(&flags);
+    if (s && !(flags & CF_BY_PROCESS)) {
+        struct serving me = *s;
+        dialed_for.update(&key, &me);
+    }
+}
+
+/* The server exchange a call that begins now belongs to, while it is open:
+ * for a connection's first call (conn), the one its thread served when it
+ * dialled, if still open; else the one its thread serves now. */
+static __always_inline void served(__u64 *key, __u64 *start, __u16 *flags, __u64 conn)
+{
+    struct serving first = {}, *s = NULL;
+    struct serving *d = conn ? dialed_for.lookup(&conn) : NULL;
+    if (d) {
+        first = *d;
+        dialed_for.delete(&conn);
+        struct conn *p = conns.lookup(&first.key);
+        if (p && p->start_ns == first.start_ns && p->state != ST_IDLE)
+            s = &first;
+    }
+    if (!s)
+        s = serving_now(flags);
     struct conn *p = s ? conns.lookup(&s->key) : NULL;
     if (p && p->start_ns == s->start_ns && p->state != ST_IDLE) {
         *key = s->key;
@@ -969,7 +1003,7 @@ static __always_inline void link_exchange(struct conn *c, __u64 key)
     c->flags &= ~(CF_BY_PROCESS | CF_ANSWERED);
     if (c->flags & CF_CLIENT) {
         if (c->flags & CF_TCP)
-            served(&c->link_key, &c->link_start, &c->flags);
+            served(&c->link_key, &c->link_start, &c->flags, key);
         return;
     }
     /* in place where the thread (the process) is known: an LRU map's update
@@ -1058,7 +1092,7 @@ NET_MAP("percpu_array", int, struct chunk_state, chunk_states, 1);
 static __always_inline void link_chunk(struct conn *c, struct chunk_head *h)
 {
     if (c->flags & CF_CLIENT)
-        served(&h->link_key, &h->link_start, &h->flags);
+        served(&h->link_key, &h->link_start, &h->flags, 0);
     else
         h->link_key = caller_of(c);
 }
@@ -1579,6 +1613,7 @@ static __always_inline void on_connect(struct args *a, __u32 tgid)
         (family != AF_INET_ && family != AF_INET6_))
         return;
     new_conn(a, tgid, a->fd, CF_CLIENT);
+    dialed_for_now(conn_key(tgid, a->fd));
 }
 
 static __always_inline void dispatch(struct conn *c, struct args *a, long ret, __u64 id, __u64 now);
@@ -1802,6 +1837,7 @@ static __always_inline void close_conn(struct conn *c, __u64 key)
 #endif
     conns.delete(&key);
     bodies.delete(&key);
+    dialed_for.delete(&key);
 }
 
 #if !CONN_BY_STATE
@@ -2149,8 +2185,10 @@ static __always_inline void dialing_now(__u64 sk, const struct tuple *t)
     }
     if (!c)
         c = adopt(key, tgid, fd, sk, 0);
-    if (c)
+    if (c) {
         learn_sock(c, sk);
+        dialed_for_now(key);
+    }
 }
 #endif
 
