@@ -230,6 +230,22 @@ def test_the_heads_own_trace_context_comes_first():
     assert (e.traceparent.trace_id, e.tracestate) == (0x0AF7651916CD43DD8448EB211C80319C, "k=v")
 
 
+def test_the_traceparent_is_known_before_enrich_on_either_path():
+    """The joiner reads it (stitch.join): in the head, in any letter case,
+    not in the body; else the kernel's copy of one past the head."""
+    in_head = f"GET / HTTP/1.1\r\nHost: a\r\nTraceParent:  {TP}\r\n\r\n".encode()
+    in_body = f"POST / HTTP/1.1\r\nContent-Length: 70\r\n\r\n\ntraceparent: {TP}".encode()
+    for req in (in_head, in_head + in_head):  # one request (by position), pipelined ones (by keyword)
+        (r, *_) = stitcher().on_exchange(exchange(req=req, reason=END_RESPONSE if req != in_head else END_NEXT))
+        assert r.traceparent is not None and r.traceparent.span_id == 0xB7AD6B7169203331
+    (r,) = stitcher().on_exchange(exchange(req=in_body))
+    assert r.traceparent is None
+    for req in (REQ, REQ + REQ):
+        (r, *_) = stitcher().on_exchange(exchange(req=req, traceparent=b" " + TP.encode() + b"\r\nx: 1",
+                                                  reason=END_RESPONSE if req != REQ else END_NEXT))
+        assert r.traceparent is not None and r.traceparent.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+
+
 def test_enrich_redacts_every_query_value_but_those_kept():
     (r,) = stitcher().on_exchange(exchange(req=b"GET /v1/x?api_key=SECRET&token=SECRET2&model=m HTTP/1.1\r\n\r\n"))
     assert enrich(r).target == "/v1/x?api_key=REDACTED&token=REDACTED&model=REDACTED"
