@@ -476,7 +476,8 @@ class JoinMetrics:
     def collect(self):
         joins = CounterMetricFamily("sitsprobe_trace_joins", "Requests given a parent span from what the "
                                     "kernel linked, by how: thread, process (a worker thread's), "
-                                    "connection (a traced caller's call)", labels=("via",))
+                                    "connection (a traced caller's call), traceparent (a call carrying "
+                                    "the header its process's request was sent)", labels=("via",))
         for via, n in self._joined().items():
             joins.add_metric([via], n)
         yield joins

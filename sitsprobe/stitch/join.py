@@ -10,7 +10,14 @@ processes it crosses, from what the kernel linked (``Request.link``).
 - A server request whose connection's other end is a client connection of
   a process we trace belongs to the client request made on it meanwhile,
   even when the caller forwarded no ``traceparent`` (the gateway case).
-- A ``traceparent`` the caller sent wins over either.
+- A call that carries a ``traceparent`` belongs to the server request of
+  its process that carried the same one, if one began before it and ended
+  after: a gateway that forwards the header unchanged (nginx, HAProxy,
+  Node's proxies do) names the request each call is for, exact where the
+  thread's guess is not. A call whose ``traceparent`` no request of its
+  process carried (an instrumented caller's own span) is that span's child.
+- A server request that carries one is still the child of the traced call
+  it answers (the call's span is the header's span's, or its child).
 
 Children usually finish first: a finished request waits here for the one it
 belongs to, ``wait_ns`` at most, then goes out on a trace of its own
@@ -44,7 +51,7 @@ class Span:
     trace_id: int
     span_id: int
     parent_id: int | None = None
-    via: str | None = None  # how the parent was found: "thread", "process" or "connection"
+    via: str | None = None  # how the parent was found: "thread", "process", "connection" or "traceparent"
 
 
 @dataclass(slots=True)
@@ -91,6 +98,13 @@ class _Placed:
     after_ns: int = 0  # a call's: the earliest its answer may have begun (Joiner._after)
 
 
+def _header(r: Request) -> tuple[int, int, int] | None:
+    """What ties a call to the request it was made for when the header was
+    forwarded: its process and the ``traceparent``'s ids."""
+    tp = r.traceparent
+    return None if tp is None else (r.pid, tp.trace_id, tp.span_id)
+
+
 def _via(call: Request) -> str:
     return "process" if call.link.by_process else "thread"
 
@@ -125,28 +139,41 @@ class Joiner:
         self._max = max_remembered
         self._for_request: dict[tuple[int, int, int], list[_Node]] = {}  # waiting for a server request
         self._for_call: dict[tuple[int, int], list[_Node]] = {}  # waiting for a call on a connection
-        self._open_servers: dict[tuple[int, int, int], _Node] = {}  # waiting, with calls linked
+        self._for_header: dict[tuple[int, int, int], list[_Node]] = {}  # calls waiting for their traceparent's request
+        self._open_servers: dict[tuple[int, int, int], _Node] = {}  # waiting, with calls linked or a header
+        self._open_headers: dict[tuple[int, int, int], _Node] = {}  # ... those with a header, by _header
         self._open_calls: dict[tuple[int, int], list[_Node]] = {}
         self._servers: OrderedDict[tuple[int, int, int], _Placed] = OrderedDict()
         self._calls: dict[tuple[int, int], deque[_Placed]] = {}
+        self._headers: OrderedDict[tuple[int, int, int], deque[_Placed]] = OrderedDict()  # servers', by _header
         self._ended: dict[tuple[int, int], int] = {}  # a caller's connection: its latest call's end
-        self.joined = {"thread": 0, "process": 0, "connection": 0}  # requests given a parent, by how
+        self.joined = {"thread": 0, "process": 0, "connection": 0, "traceparent": 0}  # given a parent, by how
         self.timed_out = 0  # went out alone: what they belong to never came
 
     def waiting(self) -> int:
-        return sum(map(len, self._for_request.values())) + sum(map(len, self._for_call.values()))
+        return sum(len(nodes) for w in (self._for_request, self._for_call, self._for_header) for nodes in w.values())
 
     def add(self, req: Request, now_ns: int) -> list[Trace]:
         """``req`` finished: the traces ready to go out because of it."""
         after = self._after(req) if req.direction == "client" else 0
-        if req.link is None and not req.calls:
+        if req.link is None and not req.calls and req.traceparent is None:
             return [self._release(_Node(req, now_ns))]
         node = _Node(req, now_ns, after_ns=after)
         out = self._adopt(node)
-        link = req.link
-        if link is None or req.traceparent is not None:
+        link, header = req.link, _header(req)
+        if req.direction == "client" and header is not None:
+            parent = self._open_headers.get(header)
+            placed = None if parent is not None else next(
+                (p for p in self._headers.get(header, ()) if p.start_ns <= req.start_ns <= p.end_ns), None)
+            if placed is not None:
+                return out + self._late(node, placed, "traceparent")
+            if parent is not None and parent.req.start_ns <= req.start_ns <= parent.req.end_ns:
+                parent.children.append((node, "traceparent"))
+            else:
+                self._for_header.setdefault(header, []).append(node)
+        elif link is None:
             return out + [self._release(node)]
-        if req.direction == "client":
+        elif req.direction == "client":
             key = (link.pid, link.fd, link.start_ns)
             parent = self._open_servers.get(key)
             placed = self._servers.get(key) if parent is None else None
@@ -190,19 +217,25 @@ class Joiner:
 
     def _open(self, node: _Node) -> None:
         """``node`` waits, and later requests may belong to it: they wait with
-        it. A server request, if the kernel linked calls to it; any call (a
-        callee may read a call before the caller's hook shows it sending,
-        and the kernel then counts it for no call, or for the next)."""
+        it. A server request, if the kernel linked calls to it or it carried a
+        ``traceparent``; any call (a callee may read a call before the
+        caller's hook shows it sending, and the kernel then counts it for no
+        call, or for the next)."""
         r = node.req
         if r.direction == "client":
             self._open_calls.setdefault((r.pid, r.fd), []).append(node)
-        elif r.calls:
+        elif r.calls or r.traceparent is not None:
             self._open_servers[(r.pid, r.fd, r.start_ns)] = node
+            if (header := _header(r)) is not None:
+                self._open_headers[header] = node
 
     def _close(self, r: Request) -> None:
         """``r`` is placed: no longer open."""
         if r.direction == "server":
             self._open_servers.pop((r.pid, r.fd, r.start_ns), None)
+            header = _header(r)
+            if header is not None and (n := self._open_headers.get(header)) is not None and n.req is r:
+                del self._open_headers[header]
             return
         nodes = self._open_calls.get((r.pid, r.fd))
         if nodes:
@@ -211,29 +244,33 @@ class Joiner:
                 del self._open_calls[(r.pid, r.fd)]
 
     def expire(self, now_ns: int, everything: bool = False) -> list[Trace]:
-        """Requests that waited ``wait_ns`` (all, with ``everything``) go out alone."""
+        """Requests that waited ``wait_ns`` (all, with ``everything``) go out
+        alone; a call that waited for its ``traceparent``'s request goes out
+        as the child of that header's span, not counted as alone."""
         out = []
-        for waiting in (self._for_request, self._for_call):
+        for waiting in (self._for_request, self._for_call, self._for_header):
             for key in list(waiting):
                 nodes = waiting[key]
                 gone = [n for n in nodes if everything or now_ns - n.since_ns >= self.wait_ns]
                 if not gone:
                     continue
-                self.timed_out += len(gone)
+                self.timed_out += len(gone) if waiting is not self._for_header else 0
                 out += [self._release(n) for n in gone]
                 if len(gone) == len(nodes):
                     del waiting[key]
                 else:
                     waiting[key] = [n for n in nodes if n not in gone]
+        # a call comes within wait_ns of its request's end: every request that
+        # was sent a traceparent is remembered for that long, not 65,536 of them
+        while self._headers and next(iter(self._headers.values()))[-1].end_ns < now_ns - self.wait_ns:
+            self._headers.popitem(last=False)
         return out
 
     def _adopt(self, node: _Node) -> list[Trace]:
         """The requests waiting for ``node`` become its children; those that
         turn out not to be (a call begun after its response ended) go out alone."""
         r, out = node.req, []
-        if r.direction == "server":
-            candidates, via = self._for_request.pop((r.pid, r.fd, r.start_ns), ()), None
-        else:
+        if r.direction == "client":
             conn = (r.pid, r.fd)
             waiting = self._for_call.get(conn, [])
             candidates = [n for n in waiting if _answers(n.req, node.after_ns, r.end_ns, _stream(r))]
@@ -243,12 +280,20 @@ class Joiner:
                     self._for_call[conn] = rest
                 else:
                     del self._for_call[conn]
-            via = "connection"
-        for child in candidates:
-            if via is None and not r.start_ns <= child.req.start_ns <= r.end_ns:
-                out.append(self._release(child))
+            node.children += [(child, "connection") for child in candidates]
+            return out
+        for child in self._for_request.pop((r.pid, r.fd, r.start_ns), ()):
+            if r.start_ns <= child.req.start_ns <= r.end_ns:
+                node.children.append((child, _via(child.req)))
             else:
-                node.children.append((child, via or _via(child.req)))
+                out.append(self._release(child))
+        header = _header(r)
+        if header is not None and header in self._for_header:
+            for child in self._for_header.pop(header):  # those begun outside it: another's with that header
+                if r.start_ns <= child.req.start_ns <= r.end_ns:
+                    node.children.append((child, "traceparent"))
+                else:
+                    self._for_header.setdefault(header, []).append(child)
         return out
 
     def _release(self, node: _Node) -> Trace:
@@ -272,7 +317,7 @@ class Joiner:
         r = node.req
         span = Span(r, trace_id, new_id(64), parent_id, via)
         trace.spans.append(span)
-        if r.calls or r.direction == "client":  # later requests may belong to this one (_open)
+        if r.calls or r.direction == "client" or r.traceparent is not None:  # later ones may belong to it
             self._close(r)
             self._remember(r, _Placed(trace, span.span_id, r.start_ns, r.end_ns, _stream(r), node.after_ns))
         for child, how in node.children:
@@ -281,9 +326,15 @@ class Joiner:
 
     def _remember(self, r: Request, placed: _Placed) -> None:
         if r.direction == "server":
-            self._servers[(r.pid, r.fd, r.start_ns)] = placed
-            if len(self._servers) > self._max:
-                self._servers.popitem(last=False)
+            if r.calls:
+                self._servers[(r.pid, r.fd, r.start_ns)] = placed
+                if len(self._servers) > self._max:
+                    self._servers.popitem(last=False)
+            if (header := _header(r)) is not None:  # a client may send one header on several (retries)
+                self._headers.setdefault(header, deque(maxlen=8)).append(placed)
+                self._headers.move_to_end(header)
+                if len(self._headers) > self._max:
+                    self._headers.popitem(last=False)
             return
         calls = self._calls.setdefault((r.pid, r.fd), deque(maxlen=64))  # an HTTP/2 connection's, many
         calls.append(placed)
@@ -296,6 +347,8 @@ class Joiner:
             del self._servers[key]
         for key in [k for k in self._calls if k[0] == pid]:
             del self._calls[key]
+        for key in [k for k in self._headers if k[0] == pid]:
+            del self._headers[key]
         for key in [k for k in self._ended if k[0] == pid]:
             del self._ended[key]
         # what it left waiting (and open) goes out at the next expire, wherever it waits

@@ -15,6 +15,7 @@ import collections
 import contextlib
 import http.client
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -351,6 +352,58 @@ def test_a_node_gateway_s_calls_are_in_its_requests_traces(agent, tmp_path, upst
             status, _ = get(gateway.port, path)
             assert status == 200
         assert_each_request_is_its_call_and_callee(agent, gateway.port, gateway.pid, up, N)
+
+
+@pytest.mark.parametrize("gateway", ["nginx", "haproxy"])
+def test_a_gateway_that_forwards_traceparent_has_each_call_under_the_request_that_sent_it(
+        agent, tmp_path, gateway):
+    """curl sends 200 requests, 8 at a time over kept-alive connections, each
+    with a traceparent of its own, through nginx's proxy_pass or HAProxy to
+    nginx; both forward the header unchanged. Each call carries its request's
+    header, which names the request it is for where the thread's guess would
+    not (HAProxy reuses its upstream connections): each gateway span is the
+    child of its client's span, with its one call under it
+    (`sitsprobe.parent.inferred="traceparent"`), the upstream's span under
+    the call, all in the client's trace."""
+    n, proxy = 200, """
+        location /up/ {{
+            proxy_pass http://127.0.0.1:{port}/;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}"""
+    sent = {f"{random.getrandbits(128) | 1:032x}": f"{random.getrandbits(64) | 1:016x}" for _ in range(n)}
+    with Nginx(agent, tmp_path / "nginx") as up, \
+            (Nginx(agent, tmp_path / "gateway", locations=proxy.format(port=up.port)) if gateway == "nginx"
+             else HAProxy(agent, tmp_path / f"haproxy-{TAG}", up.port)) as gw:
+        path = "/up/index.html" if gateway == "nginx" else "/index.html"
+        config = tmp_path / "curl.conf"
+        config.write_text("next\n".join(f'url = "http://127.0.0.1:{gw.port}{path}"\n'
+                                         f'header = "traceparent: 00-{trace}-{span}-01"\n'
+                                         'output = "/dev/null"\nwrite-out = "%{http_code}\\n"\n'
+                                         for trace, span in sent.items()))
+        out = subprocess.run(["curl", "-s", "--parallel", "--parallel-max", "8", "-K", str(config)],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        assert out.split() == ["200"] * n, out
+        pid = gw.workers[0] if gateway == "nginx" else gw.pid
+        served = agent.traces.wait_for_port(gw.port, n, pid=pid)
+        wait_until(lambda: len([s for s in agent.traces.for_pid(pid) if s["kind"] == CLIENT]) >= n, 15,
+                   f"the gateway's {n} calls")
+        wait_until(lambda: len([s for s in agent.traces.spans() if s["resource"].get("process.pid") in up.pids
+                                and s["kind"] == SERVER]) >= n, 15, f"{n} upstream spans")
+    spans = agent.traces.spans()
+    assert sorted(s["traceId"] for s in served) == sorted(sent)
+    wrong = []
+    for s in served:
+        calls = [c for c in spans if c.get("parentSpanId") == s["spanId"] and c["kind"] == CLIENT]
+        callees = [x for c in calls for x in spans if x.get("parentSpanId") == c["spanId"]]
+        got = (s.get("parentSpanId") == sent[s["traceId"]],
+               [(c["traceId"] == s["traceId"], c["attrs"].get("sitsprobe.parent.inferred"),
+                 c["attrs"].get("http.response.status_code")) for c in calls],
+               [(x["resource"].get("process.pid") in up.pids, x["traceId"] == s["traceId"],
+                 x["attrs"].get("sitsprobe.parent.inferred")) for x in callees])
+        if got != (True, [(True, "traceparent", 200)], [(True, True, "connection")]):
+            wrong.append(f"{s['name']} {s['traceId']}: {got}")
+    assert not wrong, f"{len(wrong)} of {n}:\n" + "\n".join(wrong[:20])
 
 
 def assert_each_request_is_its_call_and_callee(agent, port: int, pid: int, up, n: int) -> None:

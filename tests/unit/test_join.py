@@ -75,11 +75,64 @@ def test_a_call_begun_after_the_response_ended_is_not_its_child():
     assert len(traces) == 2 and all(len(t.spans) == 1 for t in traces)
 
 
-def test_a_traceparent_the_caller_sent_wins_over_the_inferred_link():
-    j = Joiner(wait_ns=1000 * MS)
-    tp = TraceParent(trace_id=0xABC, span_id=0xDEF, flags=1)
-    [t] = j.add(S2._replace(traceparent=tp), 0)
-    assert t.spans[0].trace_id == 0xABC and t.spans[0].parent_id is None
+def run(order, j: Joiner, until_ns: int = 0) -> list:
+    traces = []
+    for r in order:
+        traces += j.add(r, 0)
+        for t in traces:
+            t.exported = True  # as the agent's exporter marks it
+    return traces + j.expire(until_ns)
+
+
+def test_a_call_carrying_the_traceparent_its_gateway_was_sent_is_that_requests():
+    """An event-loop gateway (nginx, HAProxy) serves A and B at once and
+    forwards each one's traceparent on its call; the kernel's guess (the
+    request the thread last read) gave both calls to B. The header wins:
+    each call is the child of the request that carried it, each callee of
+    its call, each trace the header's, in whatever order they finish."""
+    ta, tb = TraceParent(0xA, 0xA1, 1), TraceParent(0xB, 0xB1, 1)
+    a = req(GATEWAY, 5, 0, 100, traceparent=ta)
+    b = req(GATEWAY, 6, 5, 100, calls=2, traceparent=tb)
+    ka = req(GATEWAY, 7, 10, 80, "client", Link(GATEWAY, 6, 5), calls=1, traceparent=ta)
+    kb = req(GATEWAY, 8, 20, 90, "client", Link(GATEWAY, 6, 5), calls=1, traceparent=tb)
+    sa = req(ENGINE, 9, 11, 79, link=Link(GATEWAY, 7, 0), traceparent=ta)
+    sb = req(ENGINE, 10, 21, 89, link=Link(GATEWAY, 8, 0), traceparent=tb)
+    for order in itertools.permutations([a, b, ka, kb, sa, sb]):
+        j = Joiner(wait_ns=1000 * MS)
+        got = shape(run(order, j))
+        assert got == {a: (0xA, None, None), ka: (0xA, a, "traceparent"), sa: (0xA, ka, "connection"),
+                       b: (0xB, None, None), kb: (0xB, b, "traceparent"), sb: (0xB, kb, "connection")}, order
+        assert j.waiting() == 0 and j.timed_out == 0, order
+        j.expire(1101 * MS)  # requests sent a header are remembered wait_ns after they end, no longer
+        assert not j._headers and not j._open_headers, order
+
+
+def test_a_call_whose_traceparent_no_request_of_its_process_carried_is_that_spans_child():
+    """An instrumented caller sends its own span's traceparent: no request it
+    served carried it, so the call waits for one, then goes out under the
+    header's span, with its callee under it (not counted as alone)."""
+    own = TraceParent(trace_id=0xABC, span_id=0xDEF, flags=1)
+    call, callee = C1._replace(traceparent=own), S2._replace(traceparent=own)
+    for order in itertools.permutations([S1, call, callee]):
+        j = Joiner(wait_ns=100 * MS)
+        got = shape(run(order, j, until_ns=100 * MS))
+        assert got[call] == (0xABC, None, None) and got[callee] == (0xABC, call, "connection"), order
+        assert got[S1][1] is None and got[S1][0] != 0xABC, order
+        assert j.waiting() == 0 and j.timed_out == 0, order
+
+
+def test_a_call_outside_the_request_that_carried_its_header_waits_for_the_next_that_did():
+    """A client that sends the same traceparent on two requests in a row (a
+    retry): each call is the child of the one it was made during."""
+    tp = TraceParent(0xA, 0xA1, 1)
+    first, second = req(GATEWAY, 5, 0, 50, traceparent=tp), req(GATEWAY, 5, 60, 120, traceparent=tp)
+    k1 = req(GATEWAY, 7, 10, 40, "client", Link(GATEWAY, 5, 0), traceparent=tp)
+    k2 = req(GATEWAY, 7, 70, 110, "client", Link(GATEWAY, 5, 60), traceparent=tp)
+    for order in itertools.permutations([first, second, k1, k2]):
+        j = Joiner(wait_ns=1000 * MS)
+        got = shape(run(order, j))
+        assert got[k1][1:] == (first, "traceparent") and got[k2][1:] == (second, "traceparent"), order
+        assert j.waiting() == 0, order
 
 
 def test_what_waits_too_long_goes_out_alone_and_is_counted():
