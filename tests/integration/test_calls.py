@@ -7,7 +7,8 @@ must come out as one trace: the service's server span, its three client
 spans under it, and the callees' server spans under those client spans,
 though no one sent a traceparent. Then a gateway (nginx's proxy_pass) in
 front of the reference engine: every engine span in the gateway's trace;
-and Node's http and HAProxy as gateways in front of http.server and nginx.
+and Node's http and HAProxy as gateways in front of http.server and nginx,
+and nginx and HAProxy forwarding each client's traceparent under concurrency.
 """
 from __future__ import annotations
 
