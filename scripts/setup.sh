@@ -18,6 +18,7 @@ packages=(python3-bpfcc bpfcc-tools bpftool systemtap-sdt-dev nginx-light apache
           netcat-openbsd  # nc -N: a client that shuts its sending side and reads the answer
           nodejs      # Node.js: a keep-alive server that reads a body after its answer, and HTTPS
           haproxy     # a gateway no one here wrote, on event loops, reusing its upstream connections
+          curl        # a client that sends each of its parallel requests with a traceparent of its own
           prometheus  # promtool and a live Prometheus: the alerting rules and the dashboards' PromQL
           podman runc mmdebstrap iptables)  # scripts/image.sh: the image built from Debian and run
 missing=()
