@@ -116,6 +116,15 @@ NET_MAP("hash", __u64, __u64, sk_conns, MAX_CONNS);
 NET_MAP("lru_hash", __u64, __u8, draining, 4096);
 #define DRAIN_WAIT 1
 #define DRAIN_READ 2
+/* A conn to end in a tail call (end_later), per CPU */
+struct end_state {
+    __u64 key;
+    __u8 pending;
+    __u8 again; /* the program that asked stopped there: its event is seen again after */
+};
+NET_MAP("percpu_array", int, struct end_state, end_states, 1);
+/* inet_sock_set_state's tail calls: 0 end_conn_tp, 1 inet_sock_set_state itself */
+NET_MAP("prog", u32, u32, state_prog, 2);
 #else
 NET_MAP("lru_hash", __u64, __u64, dialing, 4096); /* pid_tgid -> the socket its connect() made (dialed_now) */
 #endif
@@ -144,10 +153,11 @@ struct scan_buf {
     __u8 b[SCAN_CHUNK + 16];
 };
 NET_MAP("percpu_array", int, struct scan_buf, scan_bufs, 1);
-/* Tail calls: 0 scan_head, 1 send_beat, 2 send_chunk, 3 keep_payload, 4 split_body, 5 find_shape; the
- * same programs once as tracepoints (the syscalls' exits), once as uprobes (the TLS
- * library's returns): a program may only tail-call programs of its own type. */
-NET_MAP("prog", u32, u32, scan_prog, 6); /* 5 find_shape: syscalls and socket tier only (no TLS is binned) */
+/* Tail calls: 0 scan_head, 1 send_beat, 2 send_chunk, 3 keep_payload, 4 split_body, 5 find_shape,
+ * 6 end_conn, 7 sock_io; the same programs once as tracepoints (the syscalls' exits), once as
+ * uprobes (the TLS library's returns): a program may only tail-call programs of its own type. */
+NET_MAP("prog", u32, u32, scan_prog, 8); /* 5 find_shape: syscalls and socket tier only (no TLS is
+                                          * binned); 6 and 7: CONN_BY_STATE only */
 NET_MAP("prog", u32, u32, uscan_prog, 5);
 static __always_inline void tail(void *ctx, int user, int i)
 {
@@ -1689,6 +1699,13 @@ static __always_inline int leave(void *ctx, long ret)
 static __always_inline void tails(void *ctx, int user)
 {
     int zero = 0;
+#if CONN_BY_STATE
+    struct end_state *es = user ? NULL : end_states.lookup(&zero);
+    if (es && es->pending) {
+        tail(ctx, 0, 6); /* end_conn, which goes on to the others; returns only if it failed */
+        es->pending = 0;
+    }
+#endif
     struct split_state *sp = split_states.lookup(&zero);
     if (sp && sp->ret > 0) {
         tail(ctx, user, 4); /* split_body, which goes on to the others; returns only if it failed */
@@ -1839,6 +1856,68 @@ static __always_inline void close_conn(struct conn *c, __u64 key)
     bodies.delete(&key);
     dialed_for.delete(&key);
 }
+
+#if CONN_BY_STATE
+/* close_conn is the largest thing these programs inline (its report, its
+ * close chunk): it is inlined once for each program type, in end_conn and
+ * end_conn_tp, which a program asks for where a connection ends, instead of
+ * at each of the seven places one can (a fifth of net.c's compile and two thirds
+ * of sock_io's verifying). `again`: the asking program stops there and sees
+ * its event again once the conn is gone; else the tail call goes on to the
+ * call's other tails. */
+static __always_inline void end_later(__u64 key, __u8 again)
+{
+    int zero = 0;
+    struct end_state *es = end_states.lookup(&zero);
+    if (es) {
+        es->key = key;
+        es->again = again;
+        es->pending = 1;
+    }
+}
+
+/* The conn end_later asked to end, ended; whether its event is to be seen again. */
+static __always_inline int end_pending(void)
+{
+    int zero = 0;
+    struct end_state *es = end_states.lookup(&zero);
+    if (!es || !es->pending)
+        return 0;
+    es->pending = 0;
+    __u64 key = es->key;
+    struct conn *c = conns.lookup(&key);
+    if (c)
+        close_conn(c, key);
+    return es->again;
+}
+
+/* The tail call of sock_io's ends */
+int end_conn(struct bpf_raw_tracepoint_args *ctx)
+{
+    if (end_pending())
+        tail(ctx, 0, 7); /* sock_io again: the call is on its fd's new socket */
+    else
+        tails(ctx, 0);
+    return 0;
+}
+
+/* ... and of inet_sock_set_state's */
+int end_conn_tp(void *args)
+{
+    end_pending();
+    state_prog.call(args, 1); /* the state change again, past the conn ended */
+    return 0;
+}
+
+/* From inet_sock_set_state, once it asked end_later(key, 1): it returns this.
+ * The tail calls fail only where the agent has not filled state_prog yet,
+ * when it has no connection yet. */
+static __always_inline int end_then_again(void *args)
+{
+    state_prog.call(args, 0);
+    return 0;
+}
+#endif
 
 #if !CONN_BY_STATE
 TRACEPOINT_PROBE(syscalls, sys_enter_close)
@@ -1998,18 +2077,20 @@ static __always_inline int shut_before(int old)
 /* The end-of-file read on socket sk (a call that returned 0) by a traced
  * process: a draining client's conn (see `draining`) has read all there
  * was, and ends; any other client's is marked as read to its end. */
-static __always_inline void drained(__u64 sk)
+static __always_inline int drained(__u64 sk)
 {
     __u64 *key = sk_conns.lookup(&sk);
     __u64 k = key ? *key : 0;
     struct conn *c = key ? conns.lookup(&k) : NULL;
     if (!c || c->sk != sk || !(c->flags & CF_CLIENT))
-        return;
+        return 0;
     __u8 *d = draining.lookup(&sk), read = DRAIN_READ;
-    if (d && *d == DRAIN_WAIT)
-        close_conn(c, k);
-    else
-        draining.update(&sk, &read);
+    if (d && *d == DRAIN_WAIT) {
+        end_later(k, 0);
+        return 1;
+    }
+    draining.update(&sk, &read);
+    return 0;
 }
 
 /* TCP state `to` from `from` on c's socket sk, as the process or the peer
@@ -2025,12 +2106,12 @@ static __always_inline void drained(__u64 sk)
  * end-of-file read, and its close() of a closed socket shows no state
  * (Python's http.server, and so the reference engine, shuts its side and
  * closes); what a lingering close still reads of a body is counted until
- * its client's FIN. */
-static __always_inline void ended(struct conn *c, __u64 key, __u64 sk, int from, int to)
+ * its client's FIN. 1: end_later was asked. */
+static __always_inline int ended(struct conn *c, __u64 key, __u64 sk, int from, int to)
 {
     long nr = call_on(c);
     if (nr == __NR_shutdown && to != BPF_TCP_CLOSE)
-        return; /* only its sending side */
+        return 0; /* only its sending side */
     __u8 *d = draining.lookup(&sk), wait = DRAIN_WAIT;
     if (to == BPF_TCP_CLOSE && shut_before(from) && (nr < 0 || nr == __NR_shutdown || syscall_kind(nr)) &&
         c->flags & CF_CLIENT && !(d && *d == DRAIN_READ)) {
@@ -2038,8 +2119,10 @@ static __always_inline void ended(struct conn *c, __u64 key, __u64 sk, int from,
     } else if (nr >= 0 && syscall_kind(nr)) {
         c->flags |= CF_CLOSING; /* its sock_io comes next, with this call's bytes */
     } else {
-        close_conn(c, key);
+        end_later(key, 1);
+        return 1;
     }
+    return 0;
 }
 #endif
 
@@ -2083,8 +2166,8 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
     long ret = (int)ctx->args[1];
     if (ret <= 0) {
 #if CONN_BY_STATE
-        if (ret == 0 && is_tracked(tgid))
-            drained(ctx->args[0]);
+        if (ret == 0 && is_tracked(tgid) && drained(ctx->args[0]))
+            tail(ctx, 0, 6); /* end_conn */
 #endif
         return 0;
     }
@@ -2099,10 +2182,13 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
                      .fd = SYSCALL_ARG1(&regs), .kind = kind};
     __u64 key = conn_key(tgid, a.fd), sk = ctx->args[0];
     struct conn *c = conns.lookup(&key);
-    if (CONN_BY_STATE && c && c->sk && c->sk != sk) { /* its fd is another socket's now: closed */
-        close_conn(c, key);
-        c = NULL;
+#if CONN_BY_STATE
+    if (c && c->sk && c->sk != sk) { /* its fd is another socket's now: closed, then this call seen again */
+        end_later(key, 1);
+        tail(ctx, 0, 6); /* end_conn */
+        return 0;
     }
+#endif
     if (!c) {
         /* refused by a full table at its first call: counted (untracked) for
          * as long as it lives, as one refused at its accept is */
@@ -2121,7 +2207,8 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
     if (c) {
         learn_sock(c, sk);
         moved(c, key, &a, ret, id, a.enter_ns);
-        if (CONN_BY_STATE && c->flags & CF_CLOSING) { /* ended during this call (see ended) */
+#if CONN_BY_STATE
+        if (c->flags & CF_CLOSING) { /* ended during this call (see ended) */
             int zero = 0;
             struct payload_state *ps = GENAI ? payload_states.lookup(&zero) : NULL;
             if (ps && ps->ops) { /* its exchange is reported now: a write's event after it would wait for
@@ -2130,8 +2217,9 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
                     count(C_WRITES_LOST);
                 ps->ops = 0;
             }
-            close_conn(c, key); /* its chunk, if any, says so (chunk_closes) */
+            end_later(key, 0); /* the first of the tails; its chunk, if any, says so (chunk_closes) */
         }
+#endif
         tails(ctx, 0);
     }
     return 0;
@@ -2150,38 +2238,42 @@ static __always_inline int connects_to(__u64 ptr, const struct tuple *t)
 #if CONN_BY_STATE
 /* A socket is made once: a conn still on this address is an earlier
  * socket's (the kernel reuses a freed socket's memory) whose end went unseen. */
-static __always_inline void unbind_stale(__u64 sk)
+static __always_inline int unbind_stale(__u64 sk)
 {
     __u64 *was = sk_conns.lookup(&sk);
     __u64 w = was ? *was : 0;
     struct conn *stale = was ? conns.lookup(&w) : NULL;
-    if (stale && stale->sk == sk)
-        close_conn(stale, w);
-    else if (was)
+    if (stale && stale->sk == sk) {
+        end_later(w, 1);
+        return 1;
+    }
+    if (was)
         sk_conns.delete(&sk);
+    return 0;
 }
 
 /* A tracked process's connect() begins a TCP handshake (t: its far end):
  * its connection is known by its socket from now on, not from its first
  * call, whose hook runs once the bytes have moved, when a traced server may
  * have read and answered them: the server finds its caller (caller_of) once
- * the handshake tells the tuple (dialed_now), in whatever context that comes. */
-static __always_inline void dialing_now(__u64 sk, const struct tuple *t)
+ * the handshake tells the tuple (dialed_now), in whatever context that comes.
+ * 1: end_later was asked. */
+static __always_inline int dialing_now(__u64 sk, const struct tuple *t)
 {
     __u64 id = bpf_get_current_pid_tgid();
     __u32 tgid = id >> 32;
     if (!OUTGOING || !is_tracked(tgid))
-        return;
+        return 0;
     struct pt_regs regs = {};
     bpf_probe_read_kernel(&regs, sizeof(regs), (void *)bpf_task_pt_regs(bpf_get_current_task_btf()));
     if (SYSCALL_NR(&regs) != __NR_connect || !connects_to(SYSCALL_ARG2(&regs), t))
-        return;
+        return 0;
     __u32 fd = SYSCALL_ARG1(&regs);
     __u64 key = conn_key(tgid, fd);
     struct conn *c = conns.lookup(&key);
     if (c && c->sk != sk) { /* its fd was another socket's: closed */
-        close_conn(c, key);
-        c = NULL;
+        end_later(key, 1);
+        return 1;
     }
     if (!c)
         c = adopt(key, tgid, fd, sk, 0);
@@ -2189,6 +2281,7 @@ static __always_inline void dialing_now(__u64 sk, const struct tuple *t)
         learn_sock(c, sk);
         dialed_for_now(key);
     }
+    return 0;
 }
 #endif
 
@@ -2238,9 +2331,10 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         __u64 *key = sk_conns.lookup(&sk);
         __u64 k = key ? *key : 0;
         struct conn *c = key ? conns.lookup(&k) : NULL;
-        if (c && c->sk == sk)
-            ended(c, k, sk, args->oldstate, args->newstate);
-        else if (key)
+        if (c && c->sk == sk) {
+            if (ended(c, k, sk, args->oldstate, args->newstate))
+                return end_then_again(args);
+        } else if (key)
             sk_conns.delete(&sk);
     }
 #endif
@@ -2255,17 +2349,19 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     if (args->newstate == BPF_TCP_SYN_SENT) { /* connect(), in the connecting process */
         __u8 one = 1;
         struct tuple far = {.family = args->family, .rport = args->dport}; /* its own port is not chosen yet */
-        unbind_stale(sk);
+        if (unbind_stale(sk))
+            return end_then_again(args);
         dialed.update(&sk, &one);
-        dialing_now(sk, &far);
+        if (dialing_now(sk, &far))
+            return end_then_again(args);
         return 0;
     }
 #endif
     if (args->newstate != BPF_TCP_ESTABLISHED)
         return 0;
 #if CONN_BY_STATE
-    if (args->oldstate != BPF_TCP_SYN_SENT) /* accepted: a socket new to us */
-        unbind_stale(sk);
+    if (args->oldstate != BPF_TCP_SYN_SENT && unbind_stale(sk)) /* accepted: a socket new to us */
+        return end_then_again(args);
 #endif
     struct tuple t = {.family = args->family, .lport = args->sport, .rport = args->dport};
     if (args->family == AF_INET_) {

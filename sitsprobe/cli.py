@@ -189,12 +189,13 @@ def _run(a: argparse.Namespace) -> int:
 
 def _ebpf(conf: cfg.Config) -> str:
     """`run --ebpf`: what `run` with this config would load here."""
-    from .probes.net import TAILS, bpf_dir
+    from .probes.net import bpf_dir, conn_by_state, tail_calls
     from .probes.net_plan import plan_net
     net = plan_net(conf)
     lines = [f"{bpf_dir() / 'net.c'}, compiled with:", *(f"  {f}" for f in net.flags), "attached:"]
     lines += [f"  {point:<18} {hook or '(nothing on this kernel)'}" for point, hook in net.hooks.items()]
-    tails = [t.decode() for t in TAILS] + (["find_shape"] if conf.stitch.kernel_bins else [])
+    tails = [t.decode() for t in tail_calls(net.flags).values()]
+    tails += ["end_conn_tp (inet_sock_set_state's)"] if conn_by_state(net.flags) else []
     lines.append("tail calls: " + ", ".join(tails))
     lines += [f"cache probe {p.name}: uprobe {p.binary or 'the processes ' + str(p.process)}:{p.symbol}"
               for p in conf.cache.probes]

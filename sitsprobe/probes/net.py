@@ -73,6 +73,23 @@ def pid_bitmap_words(path: str = "/proc/sys/kernel/pid_max") -> int:
     return max(1, -(-min(pid_max, PID_MAX_DEFAULT) // 64))
 
 
+def conn_by_state(flags: list[str]) -> bool:
+    """Whether net.c compiled with ``flags`` follows connections by their TCP
+    state (its CONN_BY_STATE: cflags gives struct sock's offsets on the socket tier only)."""
+    return any(f.startswith("-DSOCK_FAMILY_OFF=") for f in flags)
+
+
+def tail_calls(flags: list[str]) -> dict[int, bytes]:
+    """net.c's tail calls by their index in scan_prog, as compiled with ``flags``
+    (7, sock_io itself, is the attached program's)."""
+    calls = dict(enumerate(TAILS))
+    if "-DBINS=1" in flags:
+        calls[5] = b"find_shape"
+    if conn_by_state(flags):
+        calls[6] = b"end_conn"
+    return calls
+
+
 def cflags(*, request_bytes: int, response_bytes: int, max_connections: int,
            ring_buffer_mib: int, socket_io: Hook, tcp_sendmsg: Hook | None = None,
            run_queue: bool = True, task_offsets: tuple[int, int] | None = None, read_waits: bool = True,
@@ -340,12 +357,16 @@ class NetProbe(RingReader):
 
         # tail-called, never attached; each of the type of the programs that call it
         caller = BPF.RAW_TRACEPOINT if self.socket_tier else BPF.TRACEPOINT
-        tails = (*TAILS, b"find_shape") if "-DBINS=1" in self._flags else TAILS
+        tails = tail_calls(self._flags)
         exits = [fn for fn in SHARED_EXITS if self._lib.bpf_function_start(self._bpf.module, fn)]
-        loaded = side_by_side.load(self._bpf, (*tails, b"sock_io") if self.socket_tier else (*tails, *exits),
-                                   caller)
-        for i, fn in enumerate(loaded[:len(tails)]):
+        loaded = side_by_side.load(self._bpf, (*tails.values(), b"sock_io") if self.socket_tier
+                                   else (*tails.values(), *exits), caller)
+        for i, fn in zip(tails, loaded):
             self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(fn.fd)
+        if conn_by_state(self._flags):  # end_conn's: sock_io again; inet_sock_set_state's two
+            self._bpf[b"scan_prog"][ct.c_int(7)] = ct.c_int(loaded[len(tails)].fd)
+            for i, fn in enumerate((b"end_conn_tp", b"tracepoint__sock__inet_sock_set_state")):
+                self._bpf[b"state_prog"][ct.c_int(i)] = ct.c_int(self._bpf.load_func(fn, BPF.TRACEPOINT).fd)
         if self.socket_tier:
             for tp in (b"sock_send_length", b"sock_recv_length"):  # one program, both ways
                 self._bpf.attach_raw_tracepoint(tp=tp, fn_name=b"sock_io")

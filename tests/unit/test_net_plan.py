@@ -8,7 +8,7 @@ import struct
 
 from sitsprobe.probes import hooks, net_plan
 from sitsprobe.probes.btf import BTF_MAGIC
-from sitsprobe.probes.net import cflags, pid_bitmap_words
+from sitsprobe.probes.net import cflags, conn_by_state, pid_bitmap_words, tail_calls
 
 KERNEL = {"sock": [("__sk_common", 0), ("sk_type", 534)], "sock_common": [("skc_family", 16)],
           "unix_sock": [("sk", 0), ("addr", 784)]}
@@ -70,6 +70,21 @@ def test_the_offsets_reach_net_c_on_the_socket_tier_only():
     assert {"-DSOCK_FAMILY_OFF=16", "-DSOCK_TYPE_OFF=534", "-DUNIX_ADDR_OFF=784"} <= set(sock)
     syscall = cflags(socket_io=hooks.SYSCALL_TIER, tcp_sendmsg=hooks.NET_POINTS["tcp_sendmsg"][2], **base)
     assert not any(f.startswith(("-DSOCK_", "-DUNIX_")) for f in syscall)
+
+
+def test_connections_followed_by_their_state_end_in_a_tail_call():
+    """end_conn (scan_prog's 6) where net.c is compiled CONN_BY_STATE: the
+    socket tier with struct sock's offsets; else none (the syscall tier's
+    close tracepoint ends them). The integration tests load what this names."""
+    base = dict(request_bytes=256, response_bytes=64, max_connections=64, ring_buffer_mib=1)
+    by_state = cflags(socket_io=hooks.SOCKET_TIER, sock_offsets=(16, 534, 784), bins=["-DBINS=1"], **base)
+    assert conn_by_state(by_state)
+    assert tail_calls(by_state) == {0: b"scan_head", 1: b"send_beat", 2: b"send_chunk", 3: b"keep_payload",
+                                    4: b"split_body", 5: b"find_shape", 6: b"end_conn"}
+    for flags in (cflags(socket_io=hooks.SOCKET_TIER, **base),
+                  cflags(socket_io=hooks.SYSCALL_TIER, tcp_sendmsg=hooks.NET_POINTS["tcp_sendmsg"][2],
+                         sock_offsets=(16, 534, 784), **base)):
+        assert not conn_by_state(flags) and 6 not in tail_calls(flags) and 5 not in tail_calls(flags)
 
 
 def test_the_tracked_process_bitmaps_cover_pid_max(tmp_path):
