@@ -198,7 +198,8 @@ class Request(NamedTuple):
     partial: str | None = None  # why the exchange is not framed whole (protocols' constants)
     tracestate: str | None = None  # W3C tracestate, with the traceparent
     trace_headers: tuple[bytes, bytes] | None = None  # (traceparent, tracestate) raw values the
-    # kernel found past the captured head, for enrich(); never exported
+    # kernel found past the captured head: the first is parsed when stitched, the second by
+    # enrich(); never exported
     payload: Payload | None = None  # body bytes kept for stitch.genai; never exported
     genai: GenAI | None = None  # what the request was as generative AI, from the wire or markers
     last_in_ns: int = 0  # last request byte received (0: not known)

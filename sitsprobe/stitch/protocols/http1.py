@@ -149,26 +149,23 @@ def _far_traceparent(ex: Exchange) -> TraceParent | None:
 
 
 def enrich(r: Request, redact: frozenset[str], keep_query: frozenset[str]) -> Request:
-    """What only a traced request pays for: its headers (trace context, user
-    agent), the trace context the kernel found past them, and its query
-    string with every value but those of ``keep_query`` redacted. A header
-    named in ``redact`` (capture.redact_headers) is never exported."""
+    """What only a traced request pays for: its headers (user agent, trace
+    state), the tracestate the kernel found past them, and its query string
+    with every value but those of ``keep_query`` redacted (its traceparent
+    was taken when it was stitched). A header named in ``redact``
+    (capture.redact_headers) is never exported."""
     headers = request_headers(r.head) if r.head else None
     if r.head and headers is None:
         return r._replace(head=b"", target=redact_target(r.target, keep_query))
-    tp, ts = r.traceparent, r.tracestate
-    agent = r.user_agent
+    ts, agent = r.tracestate, r.user_agent
     if headers is not None:
-        tp = (parse_traceparent(v) if (v := headers.get("traceparent")) else None) or tp
         ts = headers.get("tracestate") or ts
         agent = headers.get("user-agent")
-    if r.trace_headers is not None:
-        far_tp, far_ts = r.trace_headers
-        tp = tp or (parse_traceparent(_value(far_tp)) if far_tp else None)
-        ts = ts or (_list_value(far_ts) if far_ts else None)
+    if not ts and r.trace_headers is not None and (far_ts := r.trace_headers[1]):
+        ts = _list_value(far_ts)
     if "user-agent" in redact:
         agent = None
-    return r._replace(head=b"", trace_headers=None, traceparent=tp, tracestate=ts or None,
+    return r._replace(head=b"", trace_headers=None, tracestate=ts or None,
                       user_agent=agent, target=redact_target(r.target, keep_query))
 
 
