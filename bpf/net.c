@@ -1876,6 +1876,15 @@ static __always_inline void end_later(__u64 key, __u8 again)
     }
 }
 
+/* What end_later asked, forgotten (a tail call for it failed) */
+static __always_inline void end_cancel(void)
+{
+    int zero = 0;
+    struct end_state *es = end_states.lookup(&zero);
+    if (es)
+        es->pending = 0;
+}
+
 /* The conn end_later asked to end, ended; whether its event is to be seen again. */
 static __always_inline int end_pending(void)
 {
@@ -1909,12 +1918,22 @@ int end_conn_tp(void *args)
     return 0;
 }
 
-/* From inet_sock_set_state, once it asked end_later(key, 1): it returns this.
- * The tail calls fail only where the agent has not filled state_prog yet,
- * when it has no connection yet. */
+/* The end end_later asked for, now: sock_io's (end_conn) and
+ * inet_sock_set_state's (end_conn_tp, then that program again), which
+ * return this. A tail call fails only where the agent has not filled the
+ * program arrays yet, before it has a connection; the end it asked for is
+ * then forgotten, not left for a later call on this CPU. */
+static __always_inline int end_now(void *ctx)
+{
+    tail(ctx, 0, 6);
+    end_cancel();
+    return 0;
+}
+
 static __always_inline int end_then_again(void *args)
 {
     state_prog.call(args, 0);
+    end_cancel();
     return 0;
 }
 #endif
@@ -2167,7 +2186,7 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
     if (ret <= 0) {
 #if CONN_BY_STATE
         if (ret == 0 && is_tracked(tgid) && drained(ctx->args[0]))
-            tail(ctx, 0, 6); /* end_conn */
+            return end_now(ctx);
 #endif
         return 0;
     }
@@ -2185,8 +2204,7 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
 #if CONN_BY_STATE
     if (c && c->sk && c->sk != sk) { /* its fd is another socket's now: closed, then this call seen again */
         end_later(key, 1);
-        tail(ctx, 0, 6); /* end_conn */
-        return 0;
+        return end_now(ctx);
     }
 #endif
     if (!c) {

@@ -124,17 +124,26 @@ def test_spans_equal_client_tally(agent, mode):
 
 def test_unix_socket_requests_are_counted_and_not_called_tcp(agent, tmp_path):
     """HTTP over a Unix socket (a server behind a local proxy): the same
-    tally, no addresses, and no network.transport=tcp (tcp_sendmsg never ran)."""
+    tally, no addresses, and no network.transport=tcp (tcp_sendmsg never ran).
+    No TCP state tells a Unix connection's end: on the socket tier the next
+    connection the server's accept gives the same fd ends the one before
+    (sock_io asks end_conn, which hands its call back to sock_io), and the
+    new one's first request is still counted."""
     path = str(tmp_path / "server.sock")
     with Server(agent, unix=path) as server:
-        c = Client(0, unix=path)
-        tally = [c.request("GET", f"/unix/{i}") for i in range(5)]
-        tally.append(c.request("POST", "/echo", body=b"over a unix socket", keep_alive=False))
-        spans = wait_until(lambda: len(s := agent.traces.for_pid(server.pid)) >= 6 and s, 15,
-                           "6 spans from the Unix-socket server")
+        tally = []
+        for n in range(3):
+            c = Client(0, unix=path)
+            tally += [c.request("GET", f"/unix/{n}/{i}") for i in range(2)]
+            tally.append(c.request("POST", "/echo", body=b"over a unix socket", keep_alive=False))
+            time.sleep(0.2)  # the server closes its end, so its next accept gives the same fd
+        spans = wait_until(lambda: len(s := agent.traces.for_pid(server.pid)) >= 9 and s, 15,
+                           "9 spans from the Unix-socket server")
     check_against_tally(spans, tally)
     for s in spans:
         assert not any(k.startswith(("network.transport", "server.", "client.")) for k in s["attrs"]), s
+    fds = Counter(s["attrs"]["sitsprobe.fd"] for s in spans)
+    assert max(fds.values()) > 3, f"the test's premise: a connection on an earlier one's fd ({fds})"
 
 
 def test_server_duration_within_each_round_trip(agent):
