@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from ..export.semconv import LATENCY_ATTRIBUTES
+from ..export.semconv import LATENCY_ATTRIBUTES, span_name
 from ..stitch.segments import SEGMENTS
 
 # The five latency segments (the methodology's 网络/调度/计算/IO/缓存), each a
@@ -106,7 +106,6 @@ class RequestRecord:
         :meth:`from_span` makes of the exported span, given the exporter's
         ``clock`` (a WallClock; without one times stay CLOCK_MONOTONIC) and the
         span's trace id (default: the caller's traceparent's, else unknown)."""
-        from ..export.semconv import span_name
         wall = clock.to_wall_ns if clock is not None else (lambda ns: ns)
         if trace_id is None and req.traceparent is not None:
             trace_id = req.traceparent.trace_id
@@ -121,7 +120,7 @@ class RequestRecord:
                 name = f"cache_get {c.cache}"
                 stages[name] = stages.get(name, 0)
         return from_parts(trace_id, span_name(req), wall(req.start_ns), wall(req.end_ns),
-                          dict(attrs), stages, tuple(keep), {})
+                          attrs, stages, tuple(keep), {})
 
     # -- as JSON (the agent's /report/requests.json) ------------------------------
 
