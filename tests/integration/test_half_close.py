@@ -5,7 +5,8 @@ TCP state move as a close moves it (FIN_WAIT1), so the agent must tell the
 two apart; each tier is run (TIERS).
 
 Peers no one here wrote: gunicorn's sync worker, Debian's netcat-openbsd,
-Python's http.server (which shuts its side, then closes).
+Python's http.server (which shuts its side, then closes); and gunicorn on a
+Unix socket with Debian's curl, where no TCP state ends a connection at all.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 
@@ -31,18 +33,23 @@ SLOW_CLIENT_S = 0.15  # three of the test agent's flush ticks (conftest: 50 ms)
 
 
 class Gunicorn(Owned):
-    """gunicorn, one sync worker, serving early_wsgi.py; tracked by the agent."""
+    """gunicorn, one sync worker, serving early_wsgi.py; tracked by the agent.
+    With ``unix``, bound to that Unix socket path instead of a port."""
 
-    def __init__(self, agent):
+    def __init__(self, agent, unix: str | None = None):
         pytest.importorskip("gunicorn", reason="gunicorn is a test extra (pyproject.toml)")
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "--workers", "1", "--bind", f"127.0.0.1:{self.port}",
+            [sys.executable, "-m", "gunicorn", "--workers", "1",
+             "--bind", f"unix:{unix}" if unix else f"127.0.0.1:{self.port}",
              "--chdir", str(HERE), "--name", RUN_TAG, "early_wsgi:app"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.worker = self.until(lambda: (c := children(self.proc.pid)) and c[0], 15, "gunicorn's worker")
         self.until(lambda: agent.tracks(self.worker), 10, "the agent to track gunicorn's worker")
-        self.until(lambda: accepts(self.port), 10, f"gunicorn on port {self.port}")
+        if unix:
+            self.until(lambda: os.path.exists(unix), 10, f"gunicorn on {unix}")
+        else:
+            self.until(lambda: accepts(self.port), 10, f"gunicorn on port {self.port}")
 
 
 def put_answered_before_its_body(port: int) -> tuple[int, int, bytes]:
@@ -128,3 +135,29 @@ def test_a_client_that_shuts_its_side_still_reads_its_answer(agent, tmp_path, ti
                 for s in calls] == [(3, "GET", 200, len(request), len(answer))], calls
         assert [(s["name"], s["attrs"].get("http.response.status_code"), s["attrs"].get("http.response.size"))
                 for s in served] == [("GET /page.txt", 200, len(answer))], served
+
+
+def test_gunicorn_on_a_unix_socket_has_every_connection_s_request(agent, tier, tmp_path):
+    """gunicorn behind a local proxy listens on a Unix socket: no TCP state
+    ends its connections, and its sync worker, which ends each one after one
+    request, accepts the next on the same fd. On the socket tier the first
+    call on that fd ends the connection before (end_conn), then is seen again
+    as the new one's (sock_io). Each of curl's requests, as curl counted
+    them, is one span with its path and status, and one in the kernel's count."""
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed (scripts/setup.sh installs it)")
+    path = str(tmp_path / "gunicorn.sock")
+    with Gunicorn(agent, unix=path) as server:
+        urls = [f"http://localhost/unix/{i}" for i in range(PUTS)]
+        out = subprocess.run(["curl", "-s", "--unix-socket", path, "-w", "%{http_code}\n",
+                              *(a for u in urls for a in ("-o", "/dev/null", u))],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        assert out == ["200"] * PUTS, out  # curl's own tally
+        wait_until(lambda: len(agent.traces.for_pid(server.worker)) >= PUTS, 15, f"{PUTS} spans")
+        time.sleep(0.5)  # and no more
+        spans = agent.traces.for_pid(server.worker)
+        got = Counter((s["attrs"].get("url.path"), s["attrs"].get("http.response.status_code")) for s in spans)
+        assert got == Counter((f"/unix/{i}", 200) for i in range(PUTS))
+        assert agent.metric("sitsprobe_http_server_requests_total", pid=server.worker) == PUTS
+    fds = {s["attrs"]["sitsprobe.fd"] for s in spans}
+    assert len(fds) < PUTS, f"the test's premise: connections on an earlier one's fd ({fds})"
