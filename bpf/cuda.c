@@ -35,7 +35,10 @@ struct cuda_alloc {
 };
 
 BPF_HASH(cuda_pids, __u32, __u8, 4096);
-BPF_PERCPU_HASH(cuda_stats, struct cuda_key, struct cuda_stat, MAX_CUDA_KEYS);
+/* its entries made as keys come, not all at the start: preallocated, each of
+ * MAX_CUDA_KEYS would take its 32 bytes once per possible CPU (100 MB on a
+ * node of 192) */
+BPF_F_TABLE("percpu_hash", struct cuda_key, struct cuda_stat, cuda_stats, MAX_CUDA_KEYS, BPF_F_NO_PREALLOC);
 BPF_HASH(cuda_inflight, struct cuda_call, struct cuda_entry, 16384);
 BPF_HASH(cuda_allocs, struct cuda_alloc, __u64, MAX_CUDA_ALLOCS);
 BPF_PERCPU_ARRAY(cuda_counters, __u64, CUDA_C_COUNTERS);

@@ -64,7 +64,8 @@ struct uiovec {
  * the first one's maps under TLS_PINS (a fresh directory in the BPF file
  * system) and unpins them after: there each map is opened from its pin. */
 #ifdef TLS_MODULE
-#define NET_MAP(type, key, leaf, name, size) BPF_TABLE_PINNED(type, key, leaf, name, size, TLS_PINS "/" #name)
+#define NET_MAP_F(type, key, leaf, name, size, flags)                                             \
+    BPF_TABLE_PINNED7(type, key, leaf, name, size, TLS_PINS "/" #name, flags)
 /* BPF_RINGBUF_OUTPUT's table, opened from its pin (bcc has no macro for one) */
 #define NET_RINGBUF(name, pages)                                                                  \
     struct name##_table_t {                                                                       \
@@ -79,9 +80,16 @@ struct uiovec {
     __attribute__((section("maps/ringbuf:" TLS_PINS "/" #name))) struct name##_table_t name = {   \
         .max_entries = (pages) * PAGE_SIZE}
 #else
-#define NET_MAP(type, key, leaf, name, size) BPF_TABLE(type, key, leaf, name, size)
+#define NET_MAP_F(type, key, leaf, name, size, flags) BPF_F_TABLE(type, key, leaf, name, size, flags)
 #define NET_RINGBUF(name, pages) BPF_RINGBUF_OUTPUT(name, pages)
 #endif
+#define NET_MAP(type, key, leaf, name, size) NET_MAP_F(type, key, leaf, name, size, 0)
+/* A per-CPU count by a key that is seldom new (a process's, a status's):
+ * its entries made as keys come (BPF_F_NO_PREALLOC), not all at the start,
+ * where the kernel makes every entry's value once per possible CPU, one
+ * allocation each: http_status's 65,536 were 70 ms of the start on this
+ * machine's 2 CPUs and would be 100 MB on a node of 192. */
+#define NET_COUNTS(key, name, size) NET_MAP_F("percpu_hash", key, __u64, name, size, BPF_F_NO_PREALLOC)
 
 NET_MAP("hash", __u32, __u8, tracked, 4096);
 /* tgid -> maybe tracked, a bit each, PID_WORDS words (pid_max at the start): the
@@ -100,7 +108,7 @@ NET_MAP("hash", __u64, struct conn, conns, MAX_CONNS);
 /* accepted while conns was full -> its socket (CONN_BY_STATE; else 1). LRU: CONN_BY_STATE sees no
  * close of those, and tells a later socket on the fd by the socket */
 NET_MAP("lru_hash", __u64, __u64, overflow, MAX_OVERFLOW);
-NET_MAP("percpu_hash", __u32, __u64, untracked, 4096); /* tgid -> responses sent on them */
+NET_COUNTS(__u32, untracked, 4096); /* tgid -> responses sent on them */
 NET_MAP("hash", __u64, struct args, inflight, 16384);
 NET_MAP("lru_hash", __u64, struct tuple, socks, 65536);
 #if CONN_BY_STATE
@@ -129,7 +137,7 @@ NET_MAP("prog", u32, u32, state_prog, 2);
 NET_MAP("lru_hash", __u64, __u64, dialing, 4096); /* pid_tgid -> the socket its connect() made (dialed_now) */
 #endif
 NET_MAP("percpu_array", int, __u64, counters, C_COUNTERS);
-NET_MAP("percpu_hash", struct status_key, __u64, http_status, 65536);
+NET_COUNTS(struct status_key, http_status, 65536);
 NET_MAP("percpu_array", int, struct conn, zero_conn, 1);
 NET_MAP("lru_hash", __u32, __u64, runq, 65536); /* tid -> ns it waited to run, since tracked */
 NET_MAP("lru_hash", __u32, __u64, rwaits, 65536); /* tid -> ns in other reads (OTHER_READ) */

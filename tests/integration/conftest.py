@@ -47,6 +47,18 @@ def wait_until(check, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+BPF_F_NO_PREALLOC = 1
+
+
+def made_as_keys_come(table) -> bool:
+    """Whether the kernel makes a BPF hash map's entries as keys come
+    (BPF_F_NO_PREALLOC, in the map's flags that the kernel reports), not all
+    at its creation."""
+    with open(f"/proc/self/fdinfo/{table.map_fd}") as f:
+        flags = next(int(line.split()[1], 16) for line in f if line.startswith("map_flags:"))
+    return bool(flags & BPF_F_NO_PREALLOC)
+
+
 class TraceFile:
     """Reads the agent's OTLP/JSON trace lines into flat span dicts."""
 

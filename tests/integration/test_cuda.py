@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sitsprobe import kheaders, tracefs
-from tests.integration.conftest import require_root
+from tests.integration.conftest import made_as_keys_come, require_root
 
 pytestmark = pytest.mark.integration
 
@@ -160,6 +160,12 @@ def test_counts_equal_the_calls_made(probe, children):
     assert directions == {("cudaMemcpy", "host_to_device"): 11 * 100,
                           ("cudaMemcpyAsync", "device_to_host"): 9 * 64}
     assert probe.counters() == {"stats_full": 0, "inflight_lost": 0, "allocs_full": 0, "waits_lost": 0}
+
+
+def test_counts_are_made_as_keys_come(probe):
+    """Preallocated, each of the per-CPU table's entries would be made once
+    per possible CPU at the start (MAX_CUDA_KEYS x 32 bytes x CPUs)."""
+    assert made_as_keys_come(probe._bpf[b"cuda_stats"])
 
 
 def test_each_wait_on_the_device_is_timed_for_the_requests_open_meanwhile(probe, children):

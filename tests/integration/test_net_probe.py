@@ -17,7 +17,7 @@ import pytest
 from sitsprobe.probes import capability, net_plan, probe_aside
 from sitsprobe.probes.net import NetProbe, cflags, pid_bitmap_words
 
-from .conftest import Server, require_root, wait_until
+from .conftest import Server, made_as_keys_come, require_root, wait_until
 from .test_net import Client
 
 
@@ -96,7 +96,9 @@ def test_a_full_table_lets_go_of_every_connection_that_closes():
     socket (`sk_conns`). With the table full that index holds as many entries
     as it has room for: were it an LRU map, the kernel would evict some early
     (its free lists are per CPU), their closes would go unseen, and an
-    exchange still open on one would never be reported nor its slot freed."""
+    exchange still open on one would never be reported nor its slot freed.
+    The connections it refused are still counted, as their keys come: the
+    per-CPU counts are not made for every possible CPU at the start."""
     room = 64
     p = make_probe("socket", True, max_connections=room)
     server = Server(None)
@@ -113,6 +115,9 @@ def test_a_full_table_lets_go_of_every_connection_that_closes():
         p.poll(0)
         assert sorted(ex.req.split(b" ")[1] for ex in p.seen if ex.req) == sorted(
             f"/{r}/{i}".encode() for r in range(3) for i in range(room)), "the connections the table took"
+        assert p.status_counts().get((server.pid, 200)) == 3 * (room + 8)
+        assert p.untracked_counts() == {server.pid: 3 * 8}
+        assert made_as_keys_come(p._bpf["http_status"]) and made_as_keys_come(p._bpf["untracked"])
     finally:
         server.stop()
         p.close()
