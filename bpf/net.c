@@ -84,6 +84,17 @@ struct uiovec {
 #define NET_RINGBUF(name, pages) BPF_RINGBUF_OUTPUT(name, pages)
 #endif
 #define NET_MAP(type, key, leaf, name, size) NET_MAP_F(type, key, leaf, name, size, 0)
+
+/* The programs a compile makes. LLVM's work is most of the agent's start and
+ * bcc's compiler runs one compile at a time in a process, so userspace
+ * (probes/apart.py) compiles the tail-called programs (NET_PART 2) in a
+ * second process while this one compiles those put on hooks (NET_PART 1), and
+ * moves the second's programs onto the first's maps. Unset: every program. */
+#ifndef NET_PART
+#define NET_PART 0
+#endif
+#define ATTACHED (NET_PART != 2)
+#define TAILED (NET_PART != 1)
 /* A per-CPU count by a key that is seldom new (a process's, a status's):
  * its entries made as keys come (BPF_F_NO_PREALLOC), not all at the start,
  * where the kernel makes every entry's value once per possible CPU, one
@@ -468,7 +479,7 @@ static __always_inline void choose_bin(struct conn *c)
     st->pending = 1; /* the hash's loop is a tail call's: the verifier walks it once, not per path */
 }
 
-#ifndef TLS_MODULE
+#if !defined(TLS_MODULE) && TAILED
 /* The tail call choose_bin asked for: the shape, and whether it is binned. */
 int find_shape(void *ctx)
 {
@@ -676,7 +687,7 @@ static __always_inline int send_beat_(void *ctx, int user)
 }
 #ifdef TLS_MODULE /* for the library's returns */
 int usend_beat(void *ctx) { return send_beat_(ctx, 1); }
-#else
+#elif TAILED
 int send_beat(void *ctx) { return send_beat_(ctx, 0); }
 #endif
 
@@ -815,7 +826,7 @@ static __always_inline int scan_head_(void *ctx, int user)
 }
 #ifdef TLS_MODULE /* for the library's returns */
 int uscan_head(void *ctx) { return scan_head_(ctx, 1); }
-#else
+#elif TAILED
 int scan_head(void *ctx) { return scan_head_(ctx, 0); }
 #endif
 
@@ -882,7 +893,7 @@ static __always_inline int keep_payload_(void *ctx, int user)
 }
 #ifdef TLS_MODULE /* for the library's returns */
 int ukeep_payload(void *ctx) { return keep_payload_(ctx, 1); }
-#else
+#elif TAILED
 int keep_payload(void *ctx) { return keep_payload_(ctx, 0); }
 #endif
 
@@ -1202,7 +1213,7 @@ static __always_inline int send_chunk_(void *ctx, int user)
 }
 #ifdef TLS_MODULE /* for the library's returns */
 int usend_chunk(void *ctx) { return send_chunk_(ctx, 1); }
-#else
+#elif TAILED
 int send_chunk(void *ctx) { return send_chunk_(ctx, 0); }
 #endif
 
@@ -1384,7 +1395,7 @@ static __always_inline int split_body_(void *ctx, int user)
 }
 #ifdef TLS_MODULE /* for the library's returns */
 int usplit_body(void *ctx) { return split_body_(ctx, 1); }
-#else
+#elif TAILED
 int split_body(void *ctx) { return split_body_(ctx, 0); }
 #endif
 
@@ -1791,7 +1802,7 @@ static __always_inline void dispatch(struct conn *c, struct args *a, long ret, _
 /* ---- The kernel's hooks (none of them are the TLS module's) ---- */
 #ifndef TLS_MODULE
 
-#if NET_TIER == NET_TIER_SYSCALL
+#if ATTACHED && NET_TIER == NET_TIER_SYSCALL
 /* Field names differ between the syscalls' enters; each names its own. */
 TRACEPOINT_PROBE(syscalls, sys_enter_read) { return enter(args->fd, args->buf, K_FLAT); }
 /* A peek (nginx's, telling TLS from plain HTTP) reads nothing: the next read has the bytes. */
@@ -1817,7 +1828,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_sendfile64) { return enter(args->out_fd, 0,
  * tier's compile 5.7 s. */
 int sys_exit_io(struct tracepoint__syscalls__sys_exit_read *args) { return leave(args, args->ret); }
 #endif
-#if !CONN_BY_STATE
+#if ATTACHED && !CONN_BY_STATE
 TRACEPOINT_PROBE(syscalls, sys_enter_accept) { return enter(args->fd, args->upeer_sockaddr, K_ACCEPT); }
 /* An accept that was already blocked when the process became tracked has no
  * entry half to remember; take its connection anyway (peer from the tuple). */
@@ -1908,6 +1919,7 @@ static __always_inline int end_pending(void)
     return es->again;
 }
 
+#if TAILED
 /* The tail call of sock_io's ends */
 int end_conn(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -1925,6 +1937,7 @@ int end_conn_tp(void *args)
     state_prog.call(args, 1); /* the state change again, past the conn ended */
     return 0;
 }
+#endif
 
 /* The end end_later asked for, now: sock_io's (end_conn) and
  * inet_sock_set_state's (end_conn_tp, then that program again), which
@@ -1946,7 +1959,7 @@ static __always_inline int end_then_again(void *args)
 }
 #endif
 
-#if !CONN_BY_STATE
+#if ATTACHED && !CONN_BY_STATE
 TRACEPOINT_PROBE(syscalls, sys_enter_close)
 {
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
@@ -2032,8 +2045,10 @@ static __always_inline void learn_current_sock(__u64 sk)
         learn_sock(c, sk);
 }
 
+#if ATTACHED
 TRACEPOINT_PROBE(sock, sock_recv_length) { learn_current_sock((__u64)args->sk); return 0; }
 TRACEPOINT_PROBE(sock, sock_send_length) { learn_current_sock((__u64)args->sk); return 0; }
+#endif
 #else
 /* ---- the socket tier: one raw tracepoint per direction, after the socket
  * layer moved the bytes, inside the syscall that asked: its arguments are in
@@ -2183,6 +2198,7 @@ static __always_inline struct conn *adopt(__u64 key, __u32 tgid, __u32 fd, __u64
 #endif
 }
 
+#if ATTACHED
 /* One program for both directions (attached to sock_send_length and
  * sock_recv_length: their arguments are alike), so the state machine is
  * compiled and verified once: the syscall says which way the bytes went. */
@@ -2250,6 +2266,7 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
     }
     return 0;
 }
+#endif
 #endif
 
 static __always_inline void notify(__u32 kind, __u32 tgid);
@@ -2334,6 +2351,7 @@ static __always_inline void dialed_now(__u64 sk, const struct tuple *t)
 #endif
 }
 
+#if ATTACHED
 TRACEPOINT_PROBE(sock, inet_sock_set_state)
 {
     __u64 sk = (__u64)args->skaddr;
@@ -2402,9 +2420,10 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         dialed_now(sk, &t);
     return 0;
 }
+#endif
 
 /* tcp_sendmsg: marks the connection as TCP, through the best hook this kernel has. */
-#if NET_TIER == NET_TIER_SOCK
+#if NET_TIER == NET_TIER_SOCK || !ATTACHED
 #elif TCP_SENDMSG_HOOK == TCP_SENDMSG_FENTRY
 KFUNC_PROBE(tcp_sendmsg, struct sock *sk)
 {
@@ -2438,6 +2457,7 @@ static __always_inline void notify(__u32 kind, __u32 tgid)
     notices.ringbuf_submit(n, 0);
 }
 
+#if ATTACHED
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {
     notify(N_EXEC, bpf_get_current_pid_tgid() >> 32);
@@ -2453,6 +2473,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     notify(N_EXIT, tgid);
     return 0;
 }
+#endif
 
 #if RUNQ
 /* Run-queue wait of tracked processes' threads: from a thread becoming
@@ -2538,7 +2559,8 @@ static __always_inline int on_wakeup(struct task_ids woken)
     return 0;
 }
 
-#ifdef TASK_PID_OFF
+#if !ATTACHED
+#elif defined(TASK_PID_OFF)
 /* (bool preempt, struct task_struct *prev, *next, unsigned int prev_state): 5.18+ */
 RAW_TRACEPOINT_PROBE(sched_switch)
 {

@@ -192,7 +192,9 @@ def _ebpf(conf: cfg.Config) -> str:
     from .probes.net import bpf_dir, conn_by_state, tail_calls
     from .probes.net_plan import plan_net
     net = plan_net(conf)
-    lines = [f"{bpf_dir() / 'net.c'}, compiled with:", *(f"  {f}" for f in net.flags), "attached:"]
+    lines = [f"{bpf_dir() / 'net.c'}, compiled with:", *(f"  {f}" for f in net.flags),
+             "  in two halves side by side: -DNET_PART=1 here, -DNET_PART=2 (the tail calls) in a second process",
+             "attached:"]
     lines += [f"  {point:<18} {hook or '(nothing on this kernel)'}" for point, hook in net.hooks.items()]
     tails = [t.decode() for t in tail_calls(net.flags).values()]
     tails += ["end_conn_tp (inet_sock_set_state's)"] if conn_by_state(net.flags) else []

@@ -1,8 +1,9 @@
 """net.c's compile, begun before the agent is built.
 
-The compile is LLVM's work for about 1.4 s, and bcc's call into it drops the
+The compile is LLVM's work for about a second (two halves, the second in a
+process of its own: probes/apart.py), and bcc's call into it drops the
 GIL. `sitsprobe run` begins it as soon as the configuration is read, so it
-runs on one core while the rest of the agent imports and sets up on another;
+runs while the rest of the agent imports and sets up;
 an Agent built without one begins its own at start. It compiles for the
 plan load_net guesses first (the last probe of this boot, else every hook
 working); load_net takes it, or compiles again where the probe plans otherwise.
@@ -32,29 +33,29 @@ class NetAhead:
         if note:
             log.info("%s", note)
         self.flags = guessed(config).flags
-        self._made: dict[str, object] = {}  # "bpf": the module, or "error": why it did not compile
+        self._made: dict[str, object] = {}  # "net": the NetModule, or "error": why it did not compile
         self._thread = threading.Thread(target=self._compile, name="net-compile", daemon=True)
         self._thread.start()
 
     def _compile(self) -> None:
         try:
-            self._made["bpf"] = compile_net(self.flags)
+            self._made["net"] = compile_net(self.flags)
         except Exception as e:  # noqa: BLE001 (bcc raises Exception) take() raises it
             self._made["error"] = e
 
     def take(self, flags: list[str]):
-        """The module compiled for ``flags``, once (its compile's error, raised);
+        """The NetModule compiled for ``flags``, once (its compile's error, raised);
         None where it was taken already or begun on other flags."""
         self._thread.join()
         if flags != self.flags:
             return None
         if "error" in self._made:
             raise self._made.pop("error")
-        return self._made.pop("bpf", None)
+        return self._made.pop("net", None)
 
     def close(self) -> None:
         """A compile not taken ends and is freed."""
         self._thread.join()
         self._made.pop("error", None)
-        if (bpf := self._made.pop("bpf", None)) is not None:
-            free_module(bpf)
+        if (net := self._made.pop("net", None)) is not None:
+            free_module(net.bpf)

@@ -8,9 +8,28 @@ every compile and every free of a module holds this lock.
 """
 from __future__ import annotations
 
+import ctypes as ct
 import threading
 
 LOCK = threading.Lock()
+Tables = dict[int, str]  # a module's maps: their fds in this process -> their names
+
+
+def lib():
+    """libbcc, with the calls on a module's maps declared (bcc's Python leaves them out)."""
+    from bcc.libbcc import lib  # the probes layer is the only one that imports bcc
+
+    lib.bpf_num_tables.restype, lib.bpf_num_tables.argtypes = ct.c_size_t, [ct.c_void_p]
+    lib.bpf_table_name.restype, lib.bpf_table_name.argtypes = ct.c_char_p, [ct.c_void_p, ct.c_size_t]
+    lib.bpf_table_fd_id.restype, lib.bpf_table_fd_id.argtypes = ct.c_int, [ct.c_void_p, ct.c_size_t]
+    return lib
+
+
+def tables(bpf) -> Tables:
+    """A module's maps: their fds in this process, and their names."""
+    bcc = lib()
+    return {bcc.bpf_table_fd_id(bpf.module, i): bcc.bpf_table_name(bpf.module, i).decode()
+            for i in range(bcc.bpf_num_tables(bpf.module))}
 
 
 def compile_module(src_file: str, cflags: list[str]):

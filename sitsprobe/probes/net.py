@@ -7,6 +7,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from operator import itemgetter
@@ -18,8 +19,8 @@ from ..abi import (C_NOTICES_LOST, CF_BODY, CF_CLIENT, CF_SEEDED, CF_TCP, CF_TUP
 from ..procs import BlockedRead
 from ..events import Beat, Chunk, Exchange, ProcessNotice
 from ..request import Endpoint, Payload, Write
-from . import side_by_side
-from .compiler import compile_module
+from . import apart, side_by_side
+from .compiler import compile_module, free_module
 from .bins import BPF_NOEXIST, KernelBins
 from .hooks import FENTRY, KPROBE, RAW_TRACEPOINT, TRACEPOINT, Hook
 from .layout import Layout
@@ -54,9 +55,29 @@ def source_flags() -> list[str]:
     return [f"-I{bpf_dir()}", "-g0"]
 
 
-def compile_net(flags: list[str]):
-    """bpf/net.c compiled with ``flags``: bcc's module, no program loaded yet."""
-    return compile_module(str(bpf_dir() / "net.c"), flags)
+@dataclass(frozen=True)
+class NetModule:
+    """bpf/net.c compiled: bcc's module (the programs put on hooks), and the
+    tail-called programs, compiled apart and moved onto its maps; none loaded yet."""
+
+    bpf: object
+    tails: apart.Programs
+
+
+def compile_net(flags: list[str]) -> NetModule:
+    """bpf/net.c compiled with ``flags``, in two halves side by side (probes/apart.py)."""
+    src = str(bpf_dir() / "net.c")
+    tails = apart.Apart(src, [*flags, "-DNET_PART=2"])
+    try:
+        bpf = compile_module(src, [*flags, "-DNET_PART=1"])
+    except BaseException:
+        tails.close()
+        raise
+    try:
+        return NetModule(bpf, tails.programs(bpf))
+    except BaseException:
+        free_module(bpf)
+        raise
 
 
 PID_MAX_DEFAULT = 4_194_304  # PID_MAX_LIMIT on 64-bit: what systemd sets pid_max to
@@ -290,7 +311,8 @@ class NetProbe(RingReader):
         self._lib = lib
         self._flags = flags
         self.socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
-        self._bpf = compiled if compiled is not None else compile_net(flags)
+        module = compiled if compiled is not None else compile_net(flags)
+        self._bpf, self._tails = module.bpf, module.tails
         try:
             self._attach()
         except BaseException:  # nothing of it stays: its exported maps would shadow the next one's
@@ -360,13 +382,14 @@ class NetProbe(RingReader):
         tails = tail_calls(self._flags)
         exits = [fn for fn in SHARED_EXITS if self._lib.bpf_function_start(self._bpf.module, fn)]
         loaded = side_by_side.load(self._bpf, (*tails.values(), b"sock_io") if self.socket_tier
-                                   else (*tails.values(), *exits), caller)
+                                   else (*tails.values(), *exits), caller, self._tails)
         for i, fn in zip(tails, loaded):
             self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(fn.fd)
         if conn_by_state(self._flags):  # end_conn's: sock_io again; inet_sock_set_state's two
             self._bpf[b"scan_prog"][ct.c_int(7)] = ct.c_int(loaded[len(tails)].fd)
             for i, fn in enumerate((b"end_conn_tp", b"tracepoint__sock__inet_sock_set_state")):
-                self._bpf[b"state_prog"][ct.c_int(i)] = ct.c_int(self._bpf.load_func(fn, BPF.TRACEPOINT).fd)
+                self._bpf[b"state_prog"][ct.c_int(i)] = ct.c_int(
+                    apart.load_func(self._bpf, fn, BPF.TRACEPOINT, self._tails).fd)
         if self.socket_tier:
             for tp in (b"sock_send_length", b"sock_recv_length"):  # one program, both ways
                 self._bpf.attach_raw_tracepoint(tp=tp, fn_name=b"sock_io")

@@ -16,30 +16,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..tracefs import BPFFS
-
-
-def _lib():
-    from bcc.libbcc import lib  # the probes layer is the only one that imports bcc
-
-    lib.bpf_num_tables.restype, lib.bpf_num_tables.argtypes = ct.c_size_t, [ct.c_void_p]
-    lib.bpf_table_name.restype, lib.bpf_table_name.argtypes = ct.c_char_p, [ct.c_void_p, ct.c_size_t]
-    lib.bpf_table_fd_id.restype, lib.bpf_table_fd_id.argtypes = ct.c_int, [ct.c_void_p, ct.c_size_t]
-    lib.bpf_obj_pin.restype, lib.bpf_obj_pin.argtypes = ct.c_int, [ct.c_int, ct.c_char_p]
-    return lib
+from .compiler import lib as bcc_lib, tables
 
 
 @contextmanager
 def pinned(bpf, root: str = BPFFS) -> Iterator[str]:
     """Every map of ``bpf`` pinned as <dir>/<its name>, for the with block:
     the directory (a fresh one under ``root``, a BPF file system)."""
-    lib = _lib()
+    lib = bcc_lib()
+    lib.bpf_obj_pin.restype, lib.bpf_obj_pin.argtypes = ct.c_int, [ct.c_int, ct.c_char_p]
     directory = tempfile.mkdtemp(prefix=f"sitsprobe-{os.getpid()}-", dir=root)
     pins = []
     try:
-        for i in range(lib.bpf_num_tables(bpf.module)):
-            name = lib.bpf_table_name(bpf.module, i).decode()
+        for fd, name in tables(bpf).items():
             path = os.path.join(directory, name)
-            if lib.bpf_obj_pin(lib.bpf_table_fd_id(bpf.module, i), path.encode()) != 0:
+            if lib.bpf_obj_pin(fd, path.encode()) != 0:
                 err = ct.get_errno()
                 raise OSError(err, f"pinning the map {name} at {path}: {os.strerror(err)} "
                                    f"(pins need a BPF file system mounted at {root})")

@@ -123,6 +123,27 @@ def test_a_full_table_lets_go_of_every_connection_that_closes():
         p.close()
 
 
+def test_the_tail_programs_are_compiled_here_when_the_second_process_fails(monkeypatch, caplog):
+    """net.c's tail-called half is compiled in a second process (probes.apart);
+    where that fails, it is compiled in this one, said, and works the same:
+    a closed connection's exchange is reported (end_conn_tp, of that half)."""
+    with monkeypatch.context() as m:
+        m.setattr(sys, "executable", "/bin/false")  # the second process exits 1
+        p = make_probe("socket", True)
+    assert "in a second process failed (exit status 1)" in caplog.text
+    server = Server(None)
+    try:
+        p.track(server.pid)
+        c = Client(server.port)
+        c.request("GET", "/apart")
+        c.close()
+        wait_until(lambda: len(p._conns) == 0, 10, "the closed connection to leave the table")
+        assert _paths(p) == [b"/apart"]
+    finally:
+        server.stop()
+        p.close()
+
+
 class _Loads:
     """load_net's ``load``: the real probe on each set of flags, each kept."""
 
@@ -202,10 +223,11 @@ def test_a_kernel_with_no_hook_for_the_plan_leaves_nothing_of_the_guess_attached
     assert len(loads.made) == 1 and loads.made[0]._bpf.module is None
 
 
-def test_a_compile_begun_ahead_is_loaded_for_the_guess_and_taken_once(kept):
+def test_a_compile_begun_ahead_is_loaded_for_the_guess_and_taken_once(kept, caplog):
     """`sitsprobe run` begins net.c's compile before the agent imports
     (probes.ahead): load_net's first load takes that module, and it is
-    given once, and only for the flags it was compiled with."""
+    given once, and only for the flags it was compiled with. Its tail-called
+    half came from the second process (probes.apart), not the fallback."""
     from sitsprobe import config
     from sitsprobe.probes.ahead import NetAhead
     from sitsprobe.probes.net_plan import load_net
@@ -221,7 +243,8 @@ def test_a_compile_begun_ahead_is_loaded_for_the_guess_and_taken_once(kept):
             return NetProbe(flags, lambda _ex: None, lambda _notice: None, compiled=given[-1])
         net, probe = load_net(conf, load)
         try:
-            assert net.flags == ahead.flags and len(given) == 1 and probe._bpf is given[0] is not None
+            assert net.flags == ahead.flags and len(given) == 1 and probe._bpf is given[0].bpf
+            assert given[0].tails and "second process failed" not in caplog.text
             assert ahead.take(ahead.flags) is None  # given once
         finally:
             probe.close()
