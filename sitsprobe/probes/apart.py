@@ -23,6 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import child
 from .compiler import Tables, compile_module, free_module, lib, tables
 
 log = logging.getLogger("sitsprobe")
@@ -72,12 +73,8 @@ class Apart:
 
     def __init__(self, src: str, flags: list[str]):
         self._src, self._flags = src, flags
-        package = str(Path(__file__).resolve().parents[2])  # this sitsprobe, whatever sys.path found it by
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")]))}
         try:
-            self._child: subprocess.Popen | None = subprocess.Popen(
-                [sys.executable, "-m", __name__, src, *flags], stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+            self._child: subprocess.Popen | None = child.start(__name__, src, *flags)
             self._why = ""
         except OSError as e:
             self._child, self._why = None, f"{sys.executable}: {e.strerror}"
@@ -88,14 +85,12 @@ class Apart:
         the failure logged."""
         made, why = None, self._why
         if self._child is not None:
-            out, err = self._child.communicate()
             try:
-                if self._child.returncode != 0:
-                    raise ValueError(f"exit status {self._child.returncode}")
-                made = marshal.loads(out)
+                made = marshal.loads(child.answer(self._child))
+            except child.ChildFailed as e:
+                why = str(e)
             except (ValueError, EOFError, TypeError) as e:
-                lines = err.decode(errors="replace").strip().splitlines()
-                why = f"{e}{': ' + lines[-1] if lines else ''}"
+                why = f"unreadable answer ({e})"
         if made is None:
             log.warning("compiling %s's tail-called programs in a second process failed (%s); compiling "
                         "them here, after the rest: the start is slower", Path(self._src).name, why)
@@ -106,9 +101,8 @@ class Apart:
 
     def close(self) -> None:
         """A compile not taken: the second process stopped."""
-        if self._child is not None and self._child.poll() is None:
-            self._child.kill()
-            self._child.communicate()
+        if self._child is not None:
+            child.stop(self._child)
 
 
 def load_func(bpf, name: bytes, prog_type: int, apart: Programs):

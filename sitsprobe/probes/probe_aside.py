@@ -13,9 +13,9 @@ import dataclasses
 import json
 import logging
 import os
-import subprocess
 import sys
 
+from . import child
 from .capability import KINDS, Capability, btf_capability, probe_all
 
 log = logging.getLogger("sitsprobe")
@@ -77,25 +77,16 @@ class ProbeAside:
 
     def __init__(self, groups: tuple[str, ...] = ("main",), guesses: str | None = None) -> None:
         self.groups, self.guesses = groups, guesses
-        package_home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (package_home, os.environ.get("PYTHONPATH")) if p))
-        self._child = subprocess.Popen(
-            [sys.executable, "-c", "from sitsprobe.probes.probe_aside import _report; _report()", *groups],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self._child = child.start(__name__, *groups)
 
     def result(self, timeout_s: float = 60) -> dict[str, Capability]:
         try:
-            out, err = self._child.communicate(timeout=timeout_s)
-            if self._child.returncode == 0:
-                caps = {k: Capability(**v) for k, v in json.loads(out.splitlines()[-1]).items()}
-                remember(caps, self.guesses)
-                return caps
-            why = f"exit status {self._child.returncode}: {err.decode(errors='replace').strip()[-300:]}"
-        except subprocess.TimeoutExpired:
-            self._child.kill()
-            self._child.communicate()
-            why = f"no answer in {timeout_s:g} s"
+            out = child.answer(self._child, timeout_s)
+            caps = {k: Capability(**v) for k, v in json.loads(out.splitlines()[-1]).items()}
+            remember(caps, self.guesses)
+            return caps
+        except child.ChildFailed as e:
+            why = str(e)
         except (ValueError, TypeError, IndexError) as e:
             why = f"unreadable answer ({e})"
         log.warning("the kernel's capability probe failed in its child process (%s); probing here", why)
@@ -106,3 +97,7 @@ def _report() -> None:
     """A ProbeAside's child: probe_all(only=argv) as JSON, the last line on stdout."""
     caps = probe_all(only=tuple(sys.argv[1:]))
     print(json.dumps({k: dataclasses.asdict(c) for k, c in caps.items()}))
+
+
+if __name__ == "__main__":
+    _report()
