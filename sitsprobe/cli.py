@@ -189,10 +189,12 @@ def _run(a: argparse.Namespace) -> int:
 
 def _ebpf(conf: cfg.Config) -> str:
     """`run --ebpf`: what `run` with this config would load here."""
+    from . import cpus
     from .probes.net import bpf_dir, conn_by_state, tail_calls
     from .probes.net_plan import plan_net
     net = plan_net(conf)
     lines = [f"{bpf_dir() / 'net.c'}, compiled with:", *(f"  {f}" for f in net.flags),
+             "  whole (one CPU to run on)" if cpus.usable() < 2 else
              "  in two halves side by side: -DNET_PART=1 here, -DNET_PART=2 (the tail calls) in a second process",
              "attached:"]
     lines += [f"  {point:<18} {hook or '(nothing on this kernel)'}" for point, hook in net.hooks.items()]

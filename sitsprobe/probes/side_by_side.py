@@ -3,10 +3,10 @@ bcc's calls into it drop the GIL, so a start and a stop wait for the
 slowest step, not for their sum."""
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+from .. import cpus
 from . import apart
 from .compiler import free_module
 
@@ -20,16 +20,9 @@ def _each(steps: list[Callable[[], object]], name: str, workers: int | None = No
         return list(pool.map(lambda step: step(), steps))
 
 
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def load(bpf, names: Iterable[bytes], prog_type: int, compiled_apart: apart.Programs | None = None) -> list:
     """The programs loaded side by side, the largest first, on as many
-    threads as this process has CPUs: verifying is CPU work, and one thread
+    threads as this process has CPUs to run on (cpus.usable): verifying is CPU work, and one thread
     more than the CPUs only slows the longest (sock_io) down. Here net.c's
     socket tier: 0.27 s against 0.39 with a thread each, and 0.65 one after
     the other. Those in ``compiled_apart`` are loaded from its instructions
@@ -40,7 +33,7 @@ def load(bpf, names: Iterable[bytes], prog_type: int, compiled_apart: apart.Prog
     order = sorted(range(len(names)), key=lambda i: -(len(made[names[i]]) if names[i] in made else
                                                       lib.bpf_function_size(bpf.module, names[i])))
     loaded = _each([lambda name=names[i]: apart.load_func(bpf, name, prog_type, made) for i in order],
-                   "bpf-load", workers=min(len(names), _cpus()))
+                   "bpf-load", workers=min(len(names), cpus.usable()))
     out = [None] * len(names)
     for i, fn in zip(order, loaded):
         out[i] = fn

@@ -144,6 +144,31 @@ def test_the_tail_programs_are_compiled_here_when_the_second_process_fails(monke
         p.close()
 
 
+def test_on_one_cpu_net_c_is_compiled_whole_here():
+    """With one CPU to run on (a container's limit; here this thread's
+    affinity), the halves would only take turns: net.c is compiled whole in
+    this process, no second one, and ends a closed connection the same."""
+    cpu = min(os.sched_getaffinity(0))
+    was = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        p = make_probe("socket", True)
+    finally:
+        os.sched_setaffinity(0, was)
+    server = Server(None)
+    try:
+        assert p._tails == {} and p._bpf.funcs.get(b"end_conn") is not None  # loaded from this module
+        p.track(server.pid)
+        c = Client(server.port)
+        c.request("GET", "/whole")
+        c.close()
+        wait_until(lambda: len(p._conns) == 0, 10, "the closed connection to leave the table")
+        assert _paths(p) == [b"/whole"]
+    finally:
+        server.stop()
+        p.close()
+
+
 class _Loads:
     """load_net's ``load``: the real probe on each set of flags, each kept."""
 
