@@ -9,6 +9,8 @@ import math
 import os
 from collections.abc import Callable
 
+from . import files
+
 
 def usable(cgroup_root: str = "/sys/fs/cgroup", proc_self: str = "/proc/self") -> int:
     """The CPUs this process may run on (its affinity), at most its cgroup's
@@ -26,15 +28,15 @@ def _quota(root: str, proc_self: str) -> float | None:
     """The smallest quota / period over this process's cgroup and those
     above it, in CPUs (cgroup v2's cpu.max, else v1's cfs files); None where
     none is set or none can be read."""
-    cgroups = _read(os.path.join(proc_self, "cgroup")).splitlines()
+    cgroups = files.text(os.path.join(proc_self, "cgroup")).splitlines()
     limits = []
     for directory in _dirs(root, cgroups, lambda controllers: controllers == ""):
-        parts = _read(os.path.join(directory, "cpu.max")).split()
+        parts = files.text(os.path.join(directory, "cpu.max")).split()
         if len(parts) == 2:
             limits.append(_ratio(parts[0], parts[1]))
     for directory in _dirs(os.path.join(root, "cpu"), cgroups, lambda c: "cpu" in c.split(",")):
-        limits.append(_ratio(_read(os.path.join(directory, "cpu.cfs_quota_us")),
-                             _read(os.path.join(directory, "cpu.cfs_period_us"))))
+        limits.append(_ratio(files.text(os.path.join(directory, "cpu.cfs_quota_us")),
+                             files.text(os.path.join(directory, "cpu.cfs_period_us"))))
     limits = [q for q in limits if q]
     return min(limits) if limits else None
 
@@ -58,11 +60,3 @@ def _ratio(quota: str, period: str) -> float | None:
     except ValueError:
         return None
     return q / p if q > 0 and p > 0 else None
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""

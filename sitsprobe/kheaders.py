@@ -18,6 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from sitsprobe import files
 from sitsprobe.errors import HeadersNotFound, SitsprobeError
 
 HOST, KHEADERS, CONFIGURED, NEAREST = "host", "kheaders", "configured", "nearest"
@@ -71,18 +72,10 @@ def _source_of(build: str, root: str) -> str | None:
     return None
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
 def _tree_release(tree: str, by_name: bool = True) -> str | None:
     """The release a build tree was made for: its utsrelease.h, else its name."""
     m = re.search(r'UTS_RELEASE\s+"([^"]+)"',
-                  _read(os.path.join(tree, "include/generated/utsrelease.h")))
+                  files.text(os.path.join(tree, "include/generated/utsrelease.h")))
     if m or not by_name:
         return m[1] if m else None
     return os.path.basename(tree.rstrip("/")).removeprefix("linux-headers-")
@@ -90,7 +83,7 @@ def _tree_release(tree: str, by_name: bool = True) -> str | None:
 
 def _tree_version(tree: str) -> tuple[int, int, int] | None:
     """Upstream version (Debian's 6.1.0-50 tree says 6.1.176 in kernel.release)."""
-    text = _read(os.path.join(tree, "include/config/kernel.release"))
+    text = files.text(os.path.join(tree, "include/config/kernel.release"))
     return _version(text) or _version(_tree_release(tree))
 
 

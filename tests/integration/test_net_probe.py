@@ -131,17 +131,7 @@ def test_the_tail_programs_are_compiled_here_when_the_second_process_fails(monke
         m.setattr(sys, "executable", "/bin/false")  # the second process exits 1
         p = make_probe("socket", True)
     assert "in a second process failed (exit status 1" in caplog.text
-    server = Server(None)
-    try:
-        p.track(server.pid)
-        c = Client(server.port)
-        c.request("GET", "/apart")
-        c.close()
-        wait_until(lambda: len(p._conns) == 0, 10, "the closed connection to leave the table")
-        assert _paths(p) == [b"/apart"]
-    finally:
-        server.stop()
-        p.close()
+    _ends_a_closed_connection(p, "/apart")
 
 
 def test_on_one_cpu_net_c_is_compiled_whole_here():
@@ -155,15 +145,22 @@ def test_on_one_cpu_net_c_is_compiled_whole_here():
         p = make_probe("socket", True)
     finally:
         os.sched_setaffinity(0, was)
+    whole = p._tails == {} and p._bpf.funcs.get(b"end_conn") is not None  # loaded from this module
+    _ends_a_closed_connection(p, "/whole")
+    assert whole
+
+
+def _ends_a_closed_connection(p: NetProbe, path: str) -> None:
+    """A request on a connection then closed: its exchange reported and the
+    connection let go (end_conn_tp, a tail call), then ``p`` closed."""
     server = Server(None)
     try:
-        assert p._tails == {} and p._bpf.funcs.get(b"end_conn") is not None  # loaded from this module
         p.track(server.pid)
         c = Client(server.port)
-        c.request("GET", "/whole")
+        c.request("GET", path)
         c.close()
         wait_until(lambda: len(p._conns) == 0, 10, "the closed connection to leave the table")
-        assert _paths(p) == [b"/whole"]
+        assert _paths(p) == [path.encode()]
     finally:
         server.stop()
         p.close()
