@@ -134,6 +134,36 @@ def test_the_tail_programs_are_compiled_here_when_the_second_process_fails(monke
     _ends_a_closed_connection(p, "/apart")
 
 
+@pytest.mark.parametrize("which", ["socket", "syscall"])  # the ladder's ends
+def test_the_two_halves_programs_are_the_whole_s_instruction_for_instruction(which):
+    """net.c's halves (NET_PART 1 here, 2 in the second process, with one-entry
+    maps of its own) make exactly the programs a whole compile makes, each
+    the same instructions once its maps are named alike."""
+    from sitsprobe.probes import apart
+    from sitsprobe.probes.net import bpf_dir
+
+    require_root()
+    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) is not importable")
+    hook, by_state = TIERS[which]
+    plan = capability.plan(capability.probe_all(), socket_hooks=hook)["net"]
+    if plan["socket_io"] is None:
+        pytest.skip(f"the {hook} tier does not load here (see `sitsprobe doctor`)")
+    offsets = net_plan.connection_offsets() if by_state else None
+    flags = cflags(request_bytes=256, response_bytes=64, max_connections=1024, ring_buffer_mib=1,
+                   socket_io=plan["socket_io"], tcp_sendmsg=plan.get("tcp_sendmsg"), sock_offsets=offsets)
+
+    def programs(part: str) -> dict[bytes, bytes]:
+        theirs, progs = apart.compiled(str(bpf_dir() / "net.c"), [*flags, part])
+        named = {name: i for i, name in enumerate(sorted(set(theirs.values())))}
+        return {fn: apart.relocate(code, theirs, named) for fn, code in progs.items()}
+
+    whole, first, second = (programs(f"-DNET_PART={n}") for n in (0, 1, 2))
+    assert not first.keys() & second.keys() and first.keys() | second.keys() == whole.keys()
+    assert [fn for fn, code in (first | second).items() if code != whole[fn]] == [], "not the whole's"
+    assert b"sock_io" in first if hook == "socket" else b"sys_exit_io" in first
+    assert b"scan_head" in second and (b"end_conn_tp" in second) == by_state
+
+
 def test_on_one_cpu_net_c_is_compiled_whole_here():
     """With one CPU to run on (a container's limit; here this thread's
     affinity), the halves would only take turns: net.c is compiled whole in
