@@ -58,8 +58,9 @@ def source_flags() -> list[str]:
 
 @dataclass(frozen=True)
 class NetModule:
-    """bpf/net.c compiled: bcc's module (the programs put on hooks), and the
-    tail-called programs, compiled apart and moved onto its maps; none loaded yet."""
+    """bpf/net.c compiled, no program loaded yet: bcc's module, and the
+    tail-called programs compiled apart and moved onto its maps (none where
+    the module was compiled whole)."""
 
     bpf: object
     tails: apart.Programs
@@ -69,7 +70,8 @@ def compile_net(flags: list[str]) -> NetModule:
     """bpf/net.c compiled with ``flags``: in two halves side by side
     (probes/apart.py) where this process has two CPUs to run them on, else
     whole here (on one CPU the halves would take turns, each paying for its
-    own parse of the source and its own maps: a start 0.6-1.0 s slower here)."""
+    own parse of the source and bcc's kernel symbol table: a start 0.6-1.0 s
+    slower here)."""
     src = str(bpf_dir() / "net.c")
     if cpus.usable() < 2:
         return NetModule(compile_module(src, flags), {})
