@@ -24,7 +24,8 @@ prints before and after. Rows, by --only group:
            a socketpair, iterations per second, with the agent loaded
            (tracing the idle `sleep`) and without
   startup  seconds from launching `sitsprobe run` to /healthz answering 200,
-           over every agent start of the run (also measured with any other row)
+           twice a round: net.c compiled (an empty compiled_dir), then its
+           programs loaded as that start kept them
 
 Every configuration runs once per round and rounds interleave them (the
 columns' order rotates each round), so they share the machine's noise; each
@@ -55,6 +56,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -296,24 +299,55 @@ class Bench:
             raise RuntimeError(f"the nginx worker {self.worker.pid} exited")
 
     # -- one agent session
-    def agent(self, col: Column, rnd: int, session: str, pids: list[int]) -> CostAgent | None:
+    def args(self, col: Column, compiled_dir: Path) -> list[str]:
+        """``col``'s `run` options, with compiled_dir (where its programs are
+        kept for the next start) set to ``compiled_dir``: its own config file
+        (-c) with that key added. A tree that has no such key compiles at
+        every start: its options as they are."""
+        if "\ncompiled_dir:" not in (col.cwd / "sitsprobe" / "defaults.yaml").read_text():
+            return col.args
+        conf = yaml.safe_load(Path(col.args[1]).read_text()) if col.args[:1] == ["-c"] else {}
+        path = compiled_dir.with_suffix(".yaml")
+        path.write_text(yaml.safe_dump({**(conf or {}), "compiled_dir": str(compiled_dir)}))
+        return ["-c", str(path)]
+
+    def agent(self, col: Column, rnd: int, session: str, pids: list[int],
+              compiled_dir: Path | None = None) -> CostAgent | None:
+        """``col``'s agent tracing ``pids``, once it tracks them; its programs
+        kept in ``compiled_dir`` (default: the column's own folder, so that a
+        session's start, but the run's first, loads them kept)."""
         tag = f"{col.key}-{session}-r{rnd}"
         select = [x for pid in pids for x in ("--pid", str(pid))]
         try:
             agent = CostAgent(select, pids, self.tmp, tag, command=col.command, env=col.env,
-                              args=col.args, poll_s=0.05, cwd=col.cwd)
+                              args=self.args(col, compiled_dir or self.tmp / f"compiled-{col.key}"),
+                              poll_s=0.05, cwd=col.cwd)
         except RuntimeError as e:
             lines = [ln for ln in str(e).splitlines() if ln.strip()]
             self.say(col, rnd, f"agent {session}", f"did not start: {lines[0] if lines else e}"
                      f" (log: {self.tmp / f'agent-{tag}.log'})")
             self.notes.append(f"{col.label} round {rnd} session {session}: the agent did not start")
             return None
-        self.put("healthz_s", col, rnd, agent.healthz_s)
         self.run_record("start", col, rnd, session=session, healthz_s=agent.healthz_s,
                         tracking_s=agent.startup_s, rss_mb=agent.rss_mb())
         self.say(col, rnd, f"agent {session}", f"/healthz after {_g(agent.healthz_s, '.2f')} s,"
                  f" tracking after {agent.startup_s:.2f} s")
         return agent
+
+    def startup_run(self, col: Column, rnd: int) -> None:
+        """Two starts of ``col``'s agent: on an empty compiled_dir (net.c
+        compiled), then on what that start kept there (its programs loaded
+        onto maps made anew)."""
+        folder = self.tmp / f"compiled-{col.key}-r{rnd}"
+        for session, metric in (("compiles", "healthz_s"), ("kept", "healthz_kept_s")):
+            agent = self.agent(col, rnd, session, [self.idle.pid], folder)
+            if agent is None:
+                return
+            kept = "its programs kept from an earlier start" in agent.log_path.read_text()
+            self.put(metric, col, rnd, agent.healthz_s if kept == (session == "kept") else None)
+            agent.stop()
+            if session == "compiles" and not kept and not folder.exists():
+                return  # a tree that keeps nothing: every start compiles
 
     def session_a(self, col: Column, rnd: int) -> None:
         """No agent, or the agent tracing the idle sleep (and the engine):
@@ -488,10 +522,12 @@ class Bench:
         for rnd in range(1, self.a.rounds + 1):
             shift = (rnd - 1) % len(self.cols)
             order = self.cols[shift:] + self.cols[:shift]  # who goes first rotates
-            if self.only & {"nginx", "engine", "syscall", "startup"}:
+            if "startup" in self.only:
+                for col in [c for c in order if c.agent]:
+                    self.startup_run(col, rnd)
+            if self.only & {"nginx", "engine", "syscall"}:
                 for col in order:
-                    if col.agent or self.only & {"nginx", "engine", "syscall"}:
-                        self.session_a(col, rnd)
+                    self.session_a(col, rnd)
             if self.only & {"nginx", "paced"}:
                 for col in [c for c in order if c.agent] or agents:
                     self.session_b(col, rnd)
@@ -517,7 +553,8 @@ ROWS = [
     ("paced", "requests traced, 2,000 req/s %", "p2000_share", "value", "f1", None),
     ("paced", "  seen by the agent %", "p2000_seen", "value", "f1", None),
     ("paced", "agent RSS after the load, MB", "rss_mb", "value", "f0", None),
-    ("startup", "start to /healthz, s", "healthz_s", "value", "f2", None),
+    ("startup", "start to /healthz, net.c compiled, s", "healthz_s", "value", "f2", None),
+    ("startup", "  its programs kept, s", "healthz_kept_s", "value", "f2", None),
     ("engine", "engine 100/s: latency p50 ms", "eng_lat50", "value", "f1", None),
     ("engine", "  ratio to no agent", "eng_lat50", "ratio", "r", None),
     ("engine", "  latency p99 ms", "eng_lat99", "value", "f1", None),
@@ -566,7 +603,7 @@ def table(values: list[dict], cols: list[Column], only: set[str]) -> list[str]:
 
     rows = [["what", *(c.label for c in cols)]]
     for group, label, metric, kind, fmt, base in ROWS:
-        if group not in only and not (group == "startup" and len(cols) > 1):
+        if group not in only:
             continue
         cells = []
         for c in cols:
@@ -606,9 +643,10 @@ file (sitsprobe_spans_delivered_total{sink="file"}); % of a core: its CPU over
 the load's wall time; requests traced: traces exported (sitsprobe_traces_total
 {outcome="sampled"}) over requests answered; seen: offered to the sampler. RSS:
 VmRSS after both paced loads. /healthz: from launching `sitsprobe run` to a
-200, every agent start of the run. engine: examples/loadgen.py --rate 100
---stream --max-tokens 16 (Poisson arrivals, a new connection each), the agent
-tracing the engine by --pid. syscall: bench/syscall_loop.c, 1 byte a call, the
+200, two starts a round: on an empty compiled_dir, then on the programs that
+start kept there (a tree without that setting compiles at every start).
+engine: examples/loadgen.py --rate 100 --stream --max-tokens 16 (Poisson
+arrivals, a new connection each), the agent tracing the engine by --pid. syscall: bench/syscall_loop.c, 1 byte a call, the
 agent tracing an idle `sleep`. Default agent config unless -c was given."""
 
 

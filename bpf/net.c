@@ -89,12 +89,14 @@ struct uiovec {
  * bcc's compiler runs one compile at a time in a process, so userspace
  * (probes/apart.py) compiles the tail-called programs (NET_PART 2) in a
  * second process while this one compiles those put on hooks (NET_PART 1), and
- * moves the second's programs onto the first's maps. Unset: every program. */
+ * moves the second's programs onto the first's maps. NET_PART 3: no program,
+ * the maps alone, for programs kept from an earlier start (probes/kept.py).
+ * Unset: every program. */
 #ifndef NET_PART
 #define NET_PART 0
 #endif
-#define ATTACHED (NET_PART != 2)
-#define TAILED (NET_PART != 1)
+#define ATTACHED (NET_PART == 0 || NET_PART == 1)
+#define TAILED (NET_PART == 0 || NET_PART == 2)
 /* The second half's own maps are never used (its programs are moved onto the
  * first's): each is made with one entry, a ring with one page. A map's size
  * is in none of the code, only in what the kernel allocates for it: about

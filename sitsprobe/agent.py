@@ -167,7 +167,7 @@ class Agent:
         try:
             net, self.probe = load_net(self.config, lambda flags: NetProbe(
                 flags, self._on_exchange, self._on_notice, self._process_name, self.stitcher.on_beat,
-                self._on_chunk, compiled=ahead.take(flags)))
+                self._on_chunk, compiled=ahead.take(flags), kept=ahead.kept))
         finally:
             ahead.close()  # a compile for a guess the probe belied goes
         self.hooks = {point: str(h) for point, h in net.hooks.items() if h}

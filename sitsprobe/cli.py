@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from . import __version__, config as cfg
 from .errors import SitsprobeError
@@ -190,13 +191,19 @@ def _run(a: argparse.Namespace) -> int:
 def _ebpf(conf: cfg.Config) -> str:
     """`run --ebpf`: what `run` with this config would load here."""
     from . import cpus
+    from .probes.compiler import lib
+    from .probes.kept import key
     from .probes.net import bpf_dir, conn_by_state, tail_calls
     from .probes.net_plan import plan_net
     net = plan_net(conf)
-    lines = [f"{bpf_dir() / 'net.c'}, compiled with:", *(f"  {f}" for f in net.flags),
-             "  whole (one CPU to run on)" if cpus.usable() < 2 else
-             "  in two halves side by side: -DNET_PART=1 here, -DNET_PART=2 (the tail calls) in a second process",
-             "attached:"]
+    how = ("  whole (one CPU to run on)" if cpus.usable() < 2 else
+           "  in two halves side by side: -DNET_PART=1 here, -DNET_PART=2 (the tail calls) in a second process")
+    if conf.compiled_dir:
+        lib()  # bcc's build is part of the key
+        kept = Path(conf.compiled_dir) / key(bpf_dir(), net.flags)
+        how = (f"  only its maps (-DNET_PART=3): its programs kept by an earlier start, {kept}" if kept.exists()
+               else f"{how}; its programs then kept for the next start, {kept}")
+    lines = [f"{bpf_dir() / 'net.c'}, compiled with:", *(f"  {f}" for f in net.flags), how, "attached:"]
     lines += [f"  {point:<18} {hook or '(nothing on this kernel)'}" for point, hook in net.hooks.items()]
     tails = [t.decode() for t in tail_calls(net.flags).values()]
     tails += ["end_conn_tp (inet_sock_set_state's)"] if conn_by_state(net.flags) else []

@@ -182,6 +182,7 @@ class Config:
     duration_s: float | None
     stop_timeout_s: float
     kernel_headers: str | None
+    compiled_dir: str | None
     socket_hooks: str
     log_level: str
 
@@ -441,6 +442,7 @@ _RULES: dict[str, Rule] = {
     "duration_s": _opt(_num(0, above=True)),
     "stop_timeout_s": _num(0.5, 120),
     "kernel_headers": _opt(_PATH),
+    "compiled_dir": _opt(_PATH),
     "socket_hooks": _choice("auto", "socket", "syscall"),
     "log_level": _choice("debug", "info", "warning", "error"),
 }

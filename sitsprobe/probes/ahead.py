@@ -7,6 +7,7 @@ runs while the rest of the agent imports and sets up;
 an Agent built without one begins its own at start. It compiles for the
 plan load_net guesses first (the last probe of this boot, else every hook
 working); load_net takes it, or compiles again where the probe plans otherwise.
+Either takes the programs an earlier start kept where it can (probes/kept.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import threading
 from .. import kheaders
 from ..config import Config
 from .compiler import free_module
+from .kept import KeptPrograms
 from .net import compile_net
 from .net_plan import guessed
 
@@ -33,13 +35,14 @@ class NetAhead:
         if note:
             log.info("%s", note)
         self.flags = guessed(config).flags
+        self.kept = KeptPrograms(config.compiled_dir) if config.compiled_dir else None
         self._made: dict[str, object] = {}  # "net": the NetModule, or "error": why it did not compile
         self._thread = threading.Thread(target=self._compile, name="net-compile", daemon=True)
         self._thread.start()
 
     def _compile(self) -> None:
         try:
-            self._made["net"] = compile_net(self.flags)
+            self._made["net"] = compile_net(self.flags, self.kept)
         except Exception as e:  # noqa: BLE001 (bcc raises Exception) take() raises it
             self._made["error"] = e
 

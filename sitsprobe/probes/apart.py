@@ -34,15 +34,27 @@ MAP_BY_FD = (1, 2)  # its src_reg: BPF_PSEUDO_MAP_FD, BPF_PSEUDO_MAP_VALUE (imm:
 Programs = dict[bytes, bytes]  # program name -> its instructions
 
 
+# bcc loads and puts on, at a compile, the programs named for their hook; of
+# those kinds, put_on does the tracepoints' for programs compiled elsewhere
+HOOKED = (b"tracepoint__", b"raw_tracepoint__")
+_AUTOLOADED = (b"kprobe__", b"kretprobe__", b"tracepoint__", b"raw_tracepoint__", b"kfunc__", b"kretfunc__",
+               b"lsm__")  # bcc's BPF._trace_autoload
+
+
+def programs_of(bpf) -> Programs:
+    """Every program of a compiled module, its instructions as compiled."""
+    bcc = lib()
+    names = [bcc.bpf_function_name(bpf.module, i) for i in range(bcc.bpf_num_functions(bpf.module))]
+    return {name: ct.string_at(bcc.bpf_function_start(bpf.module, name), bcc.bpf_function_size(bpf.module, name))
+            for name in names}
+
+
 def compiled(src: str, flags: list[str]) -> tuple[Tables, Programs]:
     """``src`` compiled with ``flags`` in this process: its maps and every
     program's instructions; the module freed."""
-    bcc = lib()
     bpf = compile_module(src, flags)
     try:
-        names = [bcc.bpf_function_name(bpf.module, i) for i in range(bcc.bpf_num_functions(bpf.module))]
-        return tables(bpf), {name: ct.string_at(bcc.bpf_function_start(bpf.module, name),
-                                                bcc.bpf_function_size(bpf.module, name)) for name in names}
+        return tables(bpf), programs_of(bpf)
     finally:
         free_module(bpf)
 
@@ -66,6 +78,40 @@ def relocate(code: bytes, theirs: Tables, ours: dict[str, int]) -> bytes:
                                  f"of the other compile, which this module does not have") from None
         i += 16
     return bytes(out)
+
+
+def onto(bpf, made: tuple[Tables, Programs]) -> Programs:
+    """Another compile's programs (``made``: its maps and programs), each on
+    ``bpf``'s map of the same name."""
+    theirs, progs = made
+    ours = {name: fd for fd, name in tables(bpf).items()}
+    return {name: relocate(code, theirs, ours) for name, code in progs.items()}
+
+
+def movable(programs: Programs) -> bool:
+    """Whether every program of ``programs`` that bcc would put on at a
+    compile is one put_on puts on: a tracepoint's, the kind these machines
+    load and test (a kfunc's would need the kernel BTF id bcc finds at a
+    compile; a kprobe's was never tried)."""
+    return all(name.startswith(tuple(HOOKED)) for name in programs if name.startswith(_AUTOLOADED))
+
+
+def put_on(bpf, programs: Programs) -> None:
+    """What bcc does at a compile for the programs named for their hook
+    (``tracepoint__sched__sched_process_exec``,
+    ``raw_tracepoint__sched_switch``), for those of ``programs`` not loaded
+    yet: each loaded and put on."""
+    from bcc import BPF
+
+    for name in programs:
+        if name in bpf.funcs:
+            continue
+        if name.startswith(b"tracepoint__"):
+            load_func(bpf, name, BPF.TRACEPOINT, programs)
+            bpf.attach_tracepoint(tp=name[len(b"tracepoint__"):].replace(b"__", b":"), fn_name=name)
+        elif name.startswith(b"raw_tracepoint__"):
+            load_func(bpf, name, BPF.RAW_TRACEPOINT, programs)
+            bpf.attach_raw_tracepoint(tp=name[len(b"raw_tracepoint__"):], fn_name=name)
 
 
 class Apart:
@@ -95,9 +141,7 @@ class Apart:
             log.warning("compiling %s's tail-called programs in a second process failed (%s); compiling "
                         "them here, after the rest: the start is slower", Path(self._src).name, why)
             made = compiled(self._src, self._flags)
-        theirs, progs = made
-        ours = {name: fd for fd, name in tables(bpf).items()}
-        return {name: relocate(code, theirs, ours) for name, code in progs.items()}
+        return onto(bpf, made)
 
     def close(self) -> None:
         """A compile not taken: the second process stopped."""

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import ctypes as ct
+import logging
 import os
 import socket
 import struct
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 from operator import itemgetter
@@ -21,7 +22,8 @@ from ..procs import BlockedRead
 from ..events import Beat, Chunk, Exchange, ProcessNotice
 from ..request import Endpoint, Payload, Write
 from . import apart, side_by_side
-from .compiler import compile_module, free_module
+from .compiler import compile_module, free_module, lib, tables
+from .kept import KeptPrograms, key as kept_key
 from .bins import BPF_NOEXIST, KernelBins
 from .hooks import FENTRY, KPROBE, RAW_TRACEPOINT, TRACEPOINT, Hook
 from .layout import Layout
@@ -30,6 +32,7 @@ from .pins import pinned
 from .ring import DrainBudget, RingReader, wake_bytes
 from .tls import SYMBOLS as TLS_SYMBOLS, TlsHooks
 
+log = logging.getLogger("sitsprobe")
 _HOOK_CODE = {FENTRY: TCP_SENDMSG_FENTRY, KPROBE: TCP_SENDMSG_KPROBE, TRACEPOINT: TCP_SENDMSG_TRACEPOINT}
 _TIER_CODE = {RAW_TRACEPOINT: NET_TIER_SOCK, TRACEPOINT: NET_TIER_SYSCALL}
 TAILS = (b"scan_head", b"send_beat", b"send_chunk", b"keep_payload", b"split_body")  # bpf/net.c's tail calls, by index
@@ -59,20 +62,46 @@ def source_flags() -> list[str]:
 @dataclass(frozen=True)
 class NetModule:
     """bpf/net.c compiled, no program loaded yet: bcc's module, and the
-    tail-called programs compiled apart and moved onto its maps (none where
-    the module was compiled whole)."""
+    programs made elsewhere and moved onto its maps: the tail-called ones
+    compiled in a second process, or all of them kept from an earlier start
+    (none where the module was compiled whole here). ``keep``, once its
+    programs are loaded: keeps them for the next start."""
 
     bpf: object
-    tails: apart.Programs
+    moved: apart.Programs
+    keep: Callable[[], None] = lambda: None
 
 
-def compile_net(flags: list[str]) -> NetModule:
-    """bpf/net.c compiled with ``flags``: in two halves side by side
+def compile_net(flags: list[str], kept: KeptPrograms | None = None) -> NetModule:
+    """bpf/net.c compiled with ``flags``: its programs taken from ``kept``
+    where an earlier start loaded them with the same key (only the maps made
+    here: probes/kept.py); else compiled, in two halves side by side
     (probes/apart.py) where this process has two CPUs to run them on, else
     whole here (on one CPU the halves would take turns, each paying for its
     own parse of the source and bcc's kernel symbol table: a start 0.6-1.0 s
     slower here)."""
     src = str(bpf_dir() / "net.c")
+    if kept is None:
+        return _compiled(src, flags)
+    lib()  # bcc and its LLVM loaded: their builds are part of the key
+    k = kept_key(bpf_dir(), flags)
+    if (made := kept.get(k)) is not None:
+        bpf = compile_module(src, [*flags, "-DNET_PART=3"])  # the maps, no program
+        try:
+            module = NetModule(bpf, apart.onto(bpf, made))
+        except BaseException:
+            free_module(bpf)
+            raise
+        log.info("net.c: its programs kept from an earlier start (%s)", kept.folder / k)
+        return module
+    module = _compiled(src, flags)
+    programs = apart.programs_of(module.bpf) | module.moved
+    if not apart.movable(programs):
+        return module
+    return replace(module, keep=lambda: kept.put(k, tables(module.bpf), programs))
+
+
+def _compiled(src: str, flags: list[str]) -> NetModule:
     if cpus.usable() < 2:
         return NetModule(compile_module(src, flags), {})
     tails = apart.Apart(src, [*flags, "-DNET_PART=2"])
@@ -311,21 +340,23 @@ class NetProbe(RingReader):
                  name_of: Callable[[int, str], str] | None = None,
                  on_beat: Callable[[Beat], None] = lambda _beat: None,
                  on_chunk: Callable[[Chunk], None] = lambda _chunk: None, compiled=None,
-                 proc: str = "/proc"):
-        """compiled: compile_net(flags), already made (probes.ahead); proc:
-        where an untracked process's threads are listed."""
+                 proc: str = "/proc", kept: KeptPrograms | None = None):
+        """compiled: compile_net(flags), already made (probes.ahead); else
+        compiled here, with ``kept``; proc: where an untracked process's
+        threads are listed."""
         from bcc.libbcc import lib  # the probes layer is the only one that imports bcc
 
         self._lib = lib
         self._flags = flags
         self.socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
-        module = compiled if compiled is not None else compile_net(flags)
-        self._bpf, self._tails = module.bpf, module.tails
+        module = compiled if compiled is not None else compile_net(flags, kept)
+        self._bpf, self._moved = module.bpf, module.moved
         try:
             self._attach()
         except BaseException:  # nothing of it stays: its exported maps would shadow the next one's
             side_by_side.close(self._bpf)
             raise
+        module.keep()
         self.tls = TlsHooks(self._bpf["tls_procs"], self._load_tls)
         self.bins = KernelBins(self._bpf) if "-DBINS=1" in flags else None
         self._conns = self._bpf["conns"]
@@ -388,20 +419,23 @@ class NetProbe(RingReader):
         # tail-called, never attached; each of the type of the programs that call it
         caller = BPF.RAW_TRACEPOINT if self.socket_tier else BPF.TRACEPOINT
         tails = tail_calls(self._flags)
-        exits = [fn for fn in SHARED_EXITS if self._lib.bpf_function_start(self._bpf.module, fn)]
+        exits = [fn for fn in SHARED_EXITS
+                 if fn in self._moved or self._lib.bpf_function_start(self._bpf.module, fn)]
+        apart.put_on(self._bpf, self._moved)  # programs kept from an earlier start: bcc put on none
         loaded = side_by_side.load(self._bpf, (*tails.values(), b"sock_io") if self.socket_tier
-                                   else (*tails.values(), *exits), caller, self._tails)
+                                   else (*tails.values(), *exits), caller, self._moved)
         for i, fn in zip(tails, loaded):
             self._bpf[b"scan_prog"][ct.c_int(i)] = ct.c_int(fn.fd)
         if conn_by_state(self._flags):  # end_conn's: sock_io again; inet_sock_set_state's two
             self._bpf[b"scan_prog"][ct.c_int(7)] = ct.c_int(loaded[len(tails)].fd)
             for i, fn in enumerate((b"end_conn_tp", b"tracepoint__sock__inet_sock_set_state")):
                 self._bpf[b"state_prog"][ct.c_int(i)] = ct.c_int(
-                    apart.load_func(self._bpf, fn, BPF.TRACEPOINT, self._tails).fd)
+                    apart.load_func(self._bpf, fn, BPF.TRACEPOINT, self._moved).fd)
         if self.socket_tier:
             for tp in (b"sock_send_length", b"sock_recv_length"):  # one program, both ways
                 self._bpf.attach_raw_tracepoint(tp=tp, fn_name=b"sock_io")
         for fn in exits:
+            apart.load_func(self._bpf, fn, BPF.TRACEPOINT, self._moved)  # loaded already on the syscall tier
             for call in SHARED_EXITS[fn]:
                 self._bpf.attach_tracepoint(tp=b"syscalls:sys_exit_" + call, fn_name=fn)
 

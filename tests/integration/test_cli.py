@@ -12,7 +12,7 @@ import pytest
 
 from sitsprobe.probes import net_plan
 
-from .conftest import ROOT, RedisServer, Server, TraceFile, free_port, require_root, wait_until
+from .conftest import ROOT, Nginx, RedisServer, Server, TraceFile, free_port, require_root, running_agent, wait_until
 
 
 def sitsprobe(*args: str, log=None) -> subprocess.Popen:
@@ -113,6 +113,27 @@ def test_a_cache_probe_alone_traces_the_program_it_probes(tmp_path):
             p.wait(60)
 
 
+def test_a_second_start_loads_the_programs_the_first_compiled(tmp_path):
+    """The first start keeps net.c's programs (compiled_dir); the next, with
+    the same settings, makes only the maps, loads those programs onto them
+    and traces nginx as the first did: a span for each of the client's
+    requests, with its path and nginx's status."""
+    require_root()
+    kept = tmp_path / "compiled"
+    for run in ("first", "second"):
+        d = tmp_path / run
+        d.mkdir()
+        with running_agent(d, {}, {}, {"compiled_dir": str(kept)}) as agent, Nginx(agent, d) as nginx:
+            statuses = [urllib.request.urlopen(f"http://127.0.0.1:{nginx.port}/index.html?{run}{i}=x",
+                                               timeout=5).status for i in range(7)]
+            spans = agent.traces.wait_for_port(nginx.port, 7, pid=nginx.workers[0])
+            assert sorted(s["attrs"]["url.query"] for s in spans) == [f"{run}{i}=REDACTED" for i in range(7)]
+            assert [s["attrs"]["http.response.status_code"] for s in spans] == statuses
+        said = (d / "agent.log").read_text()
+        assert ("its programs kept from an earlier start" in said) == (run == "second"), said
+        assert len(list(kept.iterdir())) == 1
+
+
 def test_ebpf_lists_what_run_would_load_here():
     require_root()
     help_text, _ = sitsprobe("run", "--help").communicate(timeout=60)
@@ -120,7 +141,7 @@ def test_ebpf_lists_what_run_would_load_here():
     p = sitsprobe("run", "--ebpf")
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 0, out
-    for line in ("-DNET_TIER=", "-DBINS=1", "socket_io", "tail calls: scan_head"):
+    for line in ("-DNET_TIER=", "-DBINS=1", "socket_io", "tail calls: scan_head", "kept", "/run/sitsprobe/compiled/"):
         assert line in out, line
     # connections: by their first call and TCP state on the socket tier where
     # the kernel's BTF allows, else by the syscall tracepoints of close and the rest

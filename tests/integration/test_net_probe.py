@@ -11,10 +11,12 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 
 from sitsprobe.probes import capability, net_plan, probe_aside
+from sitsprobe.probes.kept import KeptPrograms
 from sitsprobe.probes.net import NetProbe, cflags, pid_bitmap_words
 
 from .conftest import Server, made_as_keys_come, require_root, wait_until
@@ -28,7 +30,7 @@ TIERS = {"socket": ("socket", True), "socket-syscall-conns": ("socket", False), 
 
 
 def make_probe(tier: str, by_state: bool, max_connections: int = 1024, pid_words: int | None = None,
-               task_offsets: tuple[int, int] | None = None) -> NetProbe:
+               task_offsets: tuple[int, int] | None = None, kept: KeptPrograms | None = None) -> NetProbe:
     require_root()
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) is not importable")
     plan = capability.plan(capability.probe_all(), socket_hooks=tier)["net"]
@@ -41,7 +43,7 @@ def make_probe(tier: str, by_state: bool, max_connections: int = 1024, pid_words
     p = NetProbe(cflags(request_bytes=256, response_bytes=64, max_connections=max_connections,
                         ring_buffer_mib=1, socket_io=plan["socket_io"], tcp_sendmsg=plan.get("tcp_sendmsg"),
                         sock_offsets=offsets, pid_words=pid_words, task_offsets=task_offsets),
-                 seen.append, lambda _notice: None)
+                 seen.append, lambda _notice: None, kept=kept)
     p.seen = seen
     return p
 
@@ -175,9 +177,51 @@ def test_on_one_cpu_net_c_is_compiled_whole_here():
         p = make_probe("socket", True)
     finally:
         os.sched_setaffinity(0, was)
-    whole = p._tails == {} and p._bpf.funcs.get(b"end_conn") is not None  # loaded from this module
+    whole = p._moved == {} and p._bpf.funcs.get(b"end_conn") is not None  # loaded from this module
     _ends_a_closed_connection(p, "/whole")
     assert whole
+
+
+def _hooks(p: NetProbe) -> set[str]:
+    """Where ``p``'s programs are put on: bcc's record of its tracepoints and
+    raw tracepoints, and the kernel's of the tracepoints (bpftool perf)."""
+    out = subprocess.run(["bpftool", "-j", "perf", "show"], capture_output=True, text=True, check=True)
+    perf = {f"kernel: {e['tracepoint']}" for e in json.loads(out.stdout or "[]")
+            if e.get("pid") == os.getpid() and "tracepoint" in e}
+    return perf | {f"bcc: {tp!r}" for tp in [*p._bpf.tracepoint_fds, *p._bpf.raw_tracepoint_fds]}
+
+
+@pytest.mark.parametrize("which", list(TIERS))
+def test_programs_kept_by_a_start_are_the_next_one_s_on_maps_made_anew(which, tmp_path):
+    """A start keeps net.c's programs once they are loaded (probes/kept.py);
+    the next, with the same flags, compiles only the maps, loads the kept
+    programs onto them and puts each on the hook the compiled one was on:
+    its connections are followed and ended as before, and its counts are
+    the client's."""
+    if shutil.which("bpftool") is None:
+        pytest.skip("bpftool is not installed")
+    kept = KeptPrograms(str(tmp_path))
+    first = make_probe(*TIERS[which], kept=kept)
+    compiled_on = _hooks(first)
+    first.close()
+    assert len(list(tmp_path.iterdir())) == 1, "kept once loaded"
+    p = make_probe(*TIERS[which], kept=kept)
+    from bcc.libbcc import lib
+    assert lib.bpf_num_functions(p._bpf.module) == 0 and p._moved, "every program from the kept file"
+    assert _hooks(p) == compiled_on and any(h.startswith("kernel: ") for h in compiled_on)
+    server = Server(None)
+    try:
+        p.track(server.pid)
+        c = Client(server.port)
+        for i in range(5):
+            c.request("GET", f"/kept/{i}")
+        c.close()
+        wait_until(lambda: len(p._conns) == 0, 10, "the closed connection to leave the table")
+        assert _paths(p) == [t["path"].encode() for t in c.tally]
+        assert p.status_counts() == dict(Counter((server.pid, t["status"]) for t in c.tally))
+    finally:
+        server.stop()
+        p.close()
 
 
 def _ends_a_closed_connection(p: NetProbe, path: str) -> None:
@@ -285,7 +329,7 @@ def test_a_compile_begun_ahead_is_loaded_for_the_guess_and_taken_once(kept, capl
     from sitsprobe.probes.net_plan import load_net
 
     probe_aside.ProbeAside(("main",)).result()  # this boot's answer kept: the guess is the plan
-    conf = config.load(overrides={"select.ports": [8080]})
+    conf = config.load(overrides={"select.ports": [8080], "compiled_dir": None})  # compiled, not kept
     ahead, given = NetAhead(conf), []
     try:
         assert ahead.take([*ahead.flags, "-DSOMETHING_ELSE=1"]) is None
@@ -296,7 +340,7 @@ def test_a_compile_begun_ahead_is_loaded_for_the_guess_and_taken_once(kept, capl
         net, probe = load_net(conf, load)
         try:
             assert net.flags == ahead.flags and len(given) == 1 and probe._bpf is given[0].bpf
-            assert given[0].tails and "second process failed" not in caplog.text
+            assert given[0].moved and "second process failed" not in caplog.text
             assert ahead.take(ahead.flags) is None  # given once
         finally:
             probe.close()
@@ -308,7 +352,7 @@ def test_a_compile_begun_ahead_that_failed_says_why_when_taken(kept, monkeypatch
     from sitsprobe import config
     from sitsprobe.probes import ahead
 
-    def fails(flags):
+    def fails(flags, kept):
         raise Exception("net.c: 1 error generated")  # what bcc raises
     monkeypatch.setattr(ahead, "compile_net", fails)
     early = ahead.NetAhead(config.load(overrides={"select.ports": [8080]}))

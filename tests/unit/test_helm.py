@@ -402,6 +402,7 @@ HOST_MOUNTS = {  # mount path in the agent: (host path, read-only)
     "/sys/fs/bpf": ("/sys/fs/bpf", True),
     "/host/lib/modules": ("/lib/modules", True),
     "/usr/src": ("/usr/src", True),
+    "/run/sitsprobe": ("/run/sitsprobe", False),  # a start's capabilities and compiled programs, for the next
 }
 
 
