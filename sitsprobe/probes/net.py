@@ -1,6 +1,7 @@
 """Loads bpf/net.c: socket syscalls of tracked processes -> Exchange events."""
 from __future__ import annotations
 
+import contextlib
 import ctypes as ct
 import logging
 import os
@@ -65,11 +66,13 @@ class NetModule:
     programs made elsewhere and moved onto its maps: the tail-called ones
     compiled in a second process, or all of them kept from an earlier start
     (none where the module was compiled whole here). ``keep``, once its
-    programs are loaded: keeps them for the next start."""
+    programs are loaded: keeps them for the next start; ``kept_at``: the
+    file they came from, where they were kept."""
 
     bpf: object
     moved: apart.Programs
     keep: Callable[[], None] = lambda: None
+    kept_at: Path | None = None
 
 
 def compile_net(flags: list[str], kept: KeptPrograms | None = None) -> NetModule:
@@ -88,17 +91,29 @@ def compile_net(flags: list[str], kept: KeptPrograms | None = None) -> NetModule
     if (made := kept.get(k)) is not None:
         bpf = compile_module(src, [*flags, "-DNET_PART=3"])  # the maps, no program
         try:
-            module = NetModule(bpf, apart.onto(bpf, made))
+            module = NetModule(bpf, apart.onto(bpf, made), kept_at=kept.folder / k)
+        except ValueError as e:  # a map net.c does not make
+            free_module(bpf)
+            forget(kept.folder / k, e)
         except BaseException:
             free_module(bpf)
             raise
-        log.info("net.c: its programs kept from an earlier start (%s)", kept.folder / k)
-        return module
+        else:
+            log.info("net.c: its programs kept from an earlier start (%s)", module.kept_at)
+            return module
     module = _compiled(src, flags)
     programs = apart.programs_of(module.bpf) | module.moved
     if not apart.movable(programs):
         return module
     return replace(module, keep=lambda: kept.put(k, tables(module.bpf), programs))
+
+
+def forget(kept_at: Path, why: Exception) -> None:
+    """Kept programs that did not load: said, and their file gone (the next
+    compile keeps its own)."""
+    log.warning("net.c's programs kept at %s did not load (%s); compiling them instead", kept_at, why)
+    with contextlib.suppress(OSError):
+        kept_at.unlink()
 
 
 def _compiled(src: str, flags: list[str]) -> NetModule:
@@ -350,12 +365,14 @@ class NetProbe(RingReader):
         self._flags = flags
         self.socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
         module = compiled if compiled is not None else compile_net(flags, kept)
-        self._bpf, self._moved = module.bpf, module.moved
         try:
-            self._attach()
-        except BaseException:  # nothing of it stays: its exported maps would shadow the next one's
-            side_by_side.close(self._bpf)
-            raise
+            self._load(module)
+        except Exception as e:  # bcc raises Exception
+            if module.kept_at is None:
+                raise
+            forget(module.kept_at, e)
+            module = compile_net(flags, kept)
+            self._load(module)
         module.keep()
         self.tls = TlsHooks(self._bpf["tls_procs"], self._load_tls)
         self.bins = KernelBins(self._bpf) if "-DBINS=1" in flags else None
@@ -411,6 +428,14 @@ class NetProbe(RingReader):
         self._bpf["exchanges"].open_ring_buffer(exchange_cb)
         self._notice_map.open_ring_buffer(notice_cb)
         self._bpf["streams"].open_ring_buffer(chunk_cb)
+
+    def _load(self, module: NetModule) -> None:
+        self._bpf, self._moved = module.bpf, module.moved
+        try:
+            self._attach()
+        except BaseException:  # nothing of it stays: its exported maps would shadow the next one's
+            side_by_side.close(self._bpf)
+            raise
 
     def _attach(self) -> None:
         """Load the kernel's programs (verified side by side) and put them on."""

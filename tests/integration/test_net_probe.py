@@ -5,6 +5,7 @@ server's exchanges: test_net_probe_exchanges.py."""
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import re
 import shutil
@@ -136,6 +137,16 @@ def test_the_tail_programs_are_compiled_here_when_the_second_process_fails(monke
     _ends_a_closed_connection(p, "/apart")
 
 
+def _by_name(made: tuple[dict[int, str], dict[bytes, bytes]]) -> dict[bytes, bytes]:
+    """A compile's programs (with its maps by fd), each map they name by fd
+    named by its name's place among the maps' names: two compiles' alike."""
+    from sitsprobe.probes import apart
+
+    theirs, progs = made
+    named = {name: i for i, name in enumerate(sorted(set(theirs.values())))}
+    return {fn: apart.relocate(code, theirs, named) for fn, code in progs.items()}
+
+
 @pytest.mark.parametrize("which", ["socket", "syscall"])  # the ladder's ends
 def test_the_two_halves_programs_are_the_whole_s_instruction_for_instruction(which):
     """net.c's halves (NET_PART 1 here, 2 in the second process, with one-entry
@@ -155,9 +166,7 @@ def test_the_two_halves_programs_are_the_whole_s_instruction_for_instruction(whi
                    socket_io=plan["socket_io"], tcp_sendmsg=plan.get("tcp_sendmsg"), sock_offsets=offsets)
 
     def programs(part: str) -> dict[bytes, bytes]:
-        theirs, progs = apart.compiled(str(bpf_dir() / "net.c"), [*flags, part])
-        named = {name: i for i, name in enumerate(sorted(set(theirs.values())))}
-        return {fn: apart.relocate(code, theirs, named) for fn, code in progs.items()}
+        return _by_name(apart.compiled(str(bpf_dir() / "net.c"), [*flags, part]))
 
     whole, first, second = (programs(f"-DNET_PART={n}") for n in (0, 1, 2))
     assert not first.keys() & second.keys() and first.keys() | second.keys() == whole.keys()
@@ -222,6 +231,30 @@ def test_programs_kept_by_a_start_are_the_next_one_s_on_maps_made_anew(which, tm
     finally:
         server.stop()
         p.close()
+
+
+SPOILED = {  # a kept file's programs, spoiled two ways
+    "refused": lambda tables, programs: (tables, {**programs, b"sock_io": b"\x95" + bytes(7)}),  # BPF_EXIT, r0 unset
+    "unknown-map": lambda tables, programs: ({fd: f"{name}_v0" if name == "conns" else name
+                                              for fd, name in tables.items()}, programs),
+}
+
+
+@pytest.mark.parametrize("spoiled", list(SPOILED))
+def test_kept_programs_that_do_not_load_are_compiled_afresh_and_kept_again(spoiled, tmp_path, caplog):
+    """A kept file whose program the verifier refuses (sock_io's code cut to
+    an exit that never set its return value), or whose programs name a map
+    net.c does not make: the probe says so, compiles net.c instead, works,
+    and keeps the compiled programs in its place."""
+    kept = KeptPrograms(str(tmp_path))
+    make_probe("socket", True, kept=kept).close()
+    path, = tmp_path.iterdir()
+    good = marshal.loads(path.read_bytes())
+    path.write_bytes(marshal.dumps(SPOILED[spoiled](*good)))
+    p = make_probe("socket", True, kept=kept)
+    assert "did not load" in caplog.text and "compiling them instead" in caplog.text
+    assert _by_name(marshal.loads(path.read_bytes())) == _by_name(good), "kept in its place"
+    _ends_a_closed_connection(p, f"/{spoiled}")
 
 
 def _ends_a_closed_connection(p: NetProbe, path: str) -> None:
