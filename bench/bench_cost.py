@@ -303,12 +303,15 @@ class Bench:
         """``col``'s `run` options, with compiled_dir (where its programs are
         kept for the next start) set to ``compiled_dir``: its own config file
         (-c) with that key added. A tree that has no such key compiles at
-        every start: its options as they are."""
+        every start, and a config that sets it keeps it: their options as
+        they are."""
         if "\ncompiled_dir:" not in (col.cwd / "sitsprobe" / "defaults.yaml").read_text():
             return col.args
-        conf = yaml.safe_load(Path(col.args[1]).read_text()) if col.args[:1] == ["-c"] else {}
+        conf = (yaml.safe_load(Path(col.args[1]).read_text()) if col.args[:1] == ["-c"] else None) or {}
+        if "compiled_dir" in conf:
+            return col.args
         path = compiled_dir.with_suffix(".yaml")
-        path.write_text(yaml.safe_dump({**(conf or {}), "compiled_dir": str(compiled_dir)}))
+        path.write_text(yaml.safe_dump({**conf, "compiled_dir": str(compiled_dir)}))
         return ["-c", str(path)]
 
     def agent(self, col: Column, rnd: int, session: str, pids: list[int],
@@ -646,8 +649,9 @@ VmRSS after both paced loads. /healthz: from launching `sitsprobe run` to a
 200, two starts a round: on an empty compiled_dir, then on the programs that
 start kept there (a tree without that setting compiles at every start).
 engine: examples/loadgen.py --rate 100 --stream --max-tokens 16 (Poisson
-arrivals, a new connection each), the agent tracing the engine by --pid. syscall: bench/syscall_loop.c, 1 byte a call, the
-agent tracing an idle `sleep`. Default agent config unless -c was given."""
+arrivals, a new connection each), the agent tracing the engine by --pid.
+syscall: bench/syscall_loop.c, 1 byte a call, the agent tracing an idle
+`sleep`. Default agent config unless -c was given."""
 
 
 # -- main ---------------------------------------------------------------------------------
