@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 import textwrap
 import threading
 import time
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import yaml
@@ -336,3 +339,15 @@ def test_dump_round_trips_changed_config(tmp_path):
     text = dump(c)
     assert load(write(tmp_path, text)) == c
     assert list(yaml.safe_load(text)) == [f.name for f in dataclasses.fields(Config)]
+
+
+def test_loading_the_config_imports_no_layer_it_names():
+    """`sitsprobe run` begins its compile once the config is read: reading it
+    (cache.probes is parsed by sitsprobe.cache.spec) imports neither the
+    heatmap's and top-K modules nor prometheus_client, nor bcc."""
+    r = subprocess.run([sys.executable, "-c", "import sys, sitsprobe.config as c; c.load(None); "
+                        "print([m for m in ('prometheus_client', 'sitsprobe.cache.render', "
+                        "'sitsprobe.cache.stats', 'bcc') if m in sys.modules])"],
+                       cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
