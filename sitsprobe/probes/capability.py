@@ -23,6 +23,8 @@ import tempfile
 
 from sitsprobe import tracefs
 
+from .compiler import short_kallsyms
+
 SYSCALL_TP, NET_TP, KFUNC = "syscalls:sys_enter_getppid", "sock:inet_sock_set_state", "tcp_sendmsg"
 # kind -> (how bcc attaches it, its arguments, what that is in words)
 _MAIN = {
@@ -146,7 +148,7 @@ def _load(BPF, **kw):
     even a half-built object alive for atexit, with its maps open)."""
     b = BPF.__new__(BPF)
     try:
-        b.__init__(**kw)
+        short_kallsyms(lambda: b.__init__(**kw))
     except Exception:
         _close(b)
         raise
