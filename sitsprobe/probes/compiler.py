@@ -70,7 +70,8 @@ def short_kallsyms(make: Callable[[], T]) -> T:
     meanwhile is dropped."""
     from bcc import BPF
 
-    had_table = -1 in BPF._sym_caches
+    caches = getattr(BPF, "_sym_caches", {})  # bcc's, class-wide: pid -> SymbolCache
+    had_table = -1 in caches
     box: dict[str, object] = {}
 
     def run() -> None:
@@ -84,7 +85,7 @@ def short_kallsyms(make: Callable[[], T]) -> T:
             box["error"] = e
         finally:
             if not had_table:
-                BPF._sym_caches.pop(-1, None)
+                caches.pop(-1, None)
 
     thread = threading.Thread(target=run, name=f"{threading.current_thread().name}-compile")
     thread.start()
