@@ -191,7 +191,7 @@ def _run(a: argparse.Namespace) -> int:
 def _ebpf(conf: cfg.Config) -> str:
     """`run --ebpf`: what `run` with this config would load here."""
     from . import cpus
-    from .probes.compiler import lib
+    from .probes.compiler import kallsyms_seen, lib
     from .probes.kept import key
     from .probes.net import bpf_dir, conn_by_state, tail_calls
     from .probes.net_plan import plan_net
@@ -203,7 +203,8 @@ def _ebpf(conf: cfg.Config) -> str:
         kept = Path(conf.compiled_dir) / key(bpf_dir(), net.flags)
         how = (f"  only its maps (-DNET_PART=3): its programs kept by an earlier start, {kept}" if kept.exists()
                else f"{how}; its programs then kept for the next start, {kept}")
-    lines = [f"{bpf_dir() / 'net.c'}, compiled with:", *(f"  {f}" for f in net.flags), how, "attached:"]
+    lines = [f"{bpf_dir() / 'net.c'}, compiled with:", *(f"  {f}" for f in net.flags), how,
+             f"  /proc/kallsyms as bcc's frontend reads it: {kallsyms_seen()}", "attached:"]
     lines += [f"  {point:<18} {hook or '(nothing on this kernel)'}" for point, hook in net.hooks.items()]
     tails = [t.decode() for t in tail_calls(net.flags).values()]
     tails += ["end_conn_tp (inet_sock_set_state's)"] if conn_by_state(net.flags) else []
