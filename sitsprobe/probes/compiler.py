@@ -28,6 +28,7 @@ LOCK = threading.Lock()
 T = TypeVar("T")
 KALLSYMS = b"ffffffff81000000 T bpf_probe_read_kernel\nffffffff81000010 T bpf_probe_read_user\n"
 _CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_SLAVE = 0x20000, 0x1000, 0x4000, 1 << 19
+_said: list[OSError] = []  # why no compile here could see the short kallsyms
 Tables = dict[int, str]  # a module's maps: their fds in this process -> their names
 
 
@@ -99,13 +100,13 @@ def short_kallsyms(make: Callable[[], T]) -> T:
 
 def kallsyms_seen() -> str:
     """What a compile here reads as /proc/kallsyms, in words (`run --ebpf`)."""
-    lines = short_kallsyms(lambda: open("/proc/kallsyms", "rb").read(len(KALLSYMS) + 1))
+    def head() -> bytes:
+        with open("/proc/kallsyms", "rb") as f:
+            return f.read(len(KALLSYMS) + 1)
+    lines = short_kallsyms(head)
     if lines == KALLSYMS:
         return "two lines (in a mount namespace of the compile's thread)"
     return f"all of it ({_said[-1] if _said else 'no mount namespace of its own'})"
-
-
-_said: list[OSError] = []  # why no compile here could see the short kallsyms
 
 
 def _see_short_kallsyms() -> None:
