@@ -346,7 +346,7 @@ class Bench:
             agent = self.agent(col, rnd, session, [self.idle.pid], folder)
             if agent is None:
                 return
-            kept = "its programs kept from an earlier start" in agent.log_path.read_text()
+            kept = "net.c: its programs kept from an earlier start" in agent.log_path.read_text()
             self.put(metric, col, rnd, agent.healthz_s if kept == (session == "kept") else None)
             agent.stop()
             if session == "compiles" and not kept and not folder.exists():
