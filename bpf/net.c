@@ -90,7 +90,8 @@ struct uiovec {
  * (probes/apart.py) compiles the tail-called programs (NET_PART 2) in a
  * second process while this one compiles those put on hooks (NET_PART 1), and
  * moves the second's programs onto the first's maps. NET_PART 3: no program,
- * the maps alone, for programs kept from an earlier start (probes/kept.py).
+ * the maps alone, for programs kept from an earlier start (probes/kept.py);
+ * with TLS_MODULE too, the TLS module's.
  * Unset: every program. */
 #ifndef NET_PART
 #define NET_PART 0
@@ -696,7 +697,7 @@ static __always_inline int send_beat_(void *ctx, int user)
     exchanges.ringbuf_submit(e, wake(0, sizeof(struct beat)));
     return 0;
 }
-#ifdef TLS_MODULE /* for the library's returns */
+#if defined(TLS_MODULE) && TAILED /* for the library's returns */
 int usend_beat(void *ctx) { return send_beat_(ctx, 1); }
 #elif TAILED
 int send_beat(void *ctx) { return send_beat_(ctx, 0); }
@@ -835,7 +836,7 @@ static __always_inline int scan_head_(void *ctx, int user)
     st->n = 0; /* done, or the tail call failed */
     return 0;
 }
-#ifdef TLS_MODULE /* for the library's returns */
+#if defined(TLS_MODULE) && TAILED /* for the library's returns */
 int uscan_head(void *ctx) { return scan_head_(ctx, 1); }
 #elif TAILED
 int scan_head(void *ctx) { return scan_head_(ctx, 0); }
@@ -902,7 +903,7 @@ static __always_inline int keep_payload_(void *ctx, int user)
     tails(ctx, user); /* what else the call asked for: the head's scan, the write's event */
     return 0;
 }
-#ifdef TLS_MODULE /* for the library's returns */
+#if defined(TLS_MODULE) && TAILED /* for the library's returns */
 int ukeep_payload(void *ctx) { return keep_payload_(ctx, 1); }
 #elif TAILED
 int keep_payload(void *ctx) { return keep_payload_(ctx, 0); }
@@ -1222,7 +1223,7 @@ static __always_inline int send_chunk_(void *ctx, int user)
         count(C_CHUNKS_LOST);
     return 0;
 }
-#ifdef TLS_MODULE /* for the library's returns */
+#if defined(TLS_MODULE) && TAILED /* for the library's returns */
 int usend_chunk(void *ctx) { return send_chunk_(ctx, 1); }
 #elif TAILED
 int send_chunk(void *ctx) { return send_chunk_(ctx, 0); }
@@ -1404,7 +1405,7 @@ static __always_inline int split_body_(void *ctx, int user)
     tails(ctx, user); /* what the next request's read asked for */
     return 0;
 }
-#ifdef TLS_MODULE /* for the library's returns */
+#if defined(TLS_MODULE) && TAILED /* for the library's returns */
 int usplit_body(void *ctx) { return split_body_(ctx, 1); }
 #elif TAILED
 int split_body(void *ctx) { return split_body_(ctx, 0); }
@@ -2637,6 +2638,7 @@ static __always_inline struct conn *ssl_conn_of(__u64 ssl, __u64 id)
     return c;
 }
 
+#if ATTACHED /* NET_PART 3: the TLS module's maps alone */
 int ssl_leave(struct pt_regs *ctx)
 {
     __u64 id = bpf_get_current_pid_tgid();
@@ -2665,4 +2667,5 @@ int ssl_read_enter(struct pt_regs *ctx) { return ssl_enter(ctx, 0); }
 int ssl_read_ex_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_EX); }
 int ssl_write_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_WRITE); }
 int ssl_write_ex_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_WRITE | SSL_EX); }
+#endif
 #endif /* TLS_MODULE */

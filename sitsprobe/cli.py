@@ -212,7 +212,7 @@ def _ebpf(conf: cfg.Config) -> str:
     lines += [f"cache probe {p.name}: uprobe {p.binary or 'the processes ' + str(p.process)}:{p.symbol}"
               for p in conf.cache.probes]
     lines.append("loaded when needed: the libssl uprobes above (net.c again, with -DTLS_MODULE=1, on a "
-                 "thread), once a traced process maps libssl; "
+                 "thread, kept in compiled_dir as net.c's programs are), once a traced process maps libssl; "
                  "bpf/markers.c once one loads sitsprobe.markers; bpf/cuda.c once one maps libcudart "
                  "(with NVML)")
     return "\n".join(lines) + "\n"

@@ -10,6 +10,10 @@ program, 0.4 s here) and loads the kept programs onto them, as it does a
 second process's (probes/apart.py). The kernel's verifier checks them as it
 checks a fresh compile's; what it refuses is compiled afresh (net.forget).
 
+The TLS module (net.c with -DTLS_MODULE, compiled once a traced process
+maps a libssl) is kept so too, under its own key (its flags; not the folder
+its compile opened the first module's maps from, a fresh one each time).
+
 The default folder is on tmpfs (/run): a reboot, which a new kernel needs,
 empties it.
 """

@@ -23,7 +23,7 @@ from ..procs import BlockedRead
 from ..events import Beat, Chunk, Exchange, ProcessNotice
 from ..request import Endpoint, Payload, Write
 from . import apart, side_by_side
-from .compiler import compile_module, free_module, lib, tables
+from .compiler import Tables, compile_module, free_module, lib, tables
 from .kept import KeptPrograms, key as kept_key
 from .bins import BPF_NOEXIST, KernelBins
 from .hooks import FENTRY, KPROBE, RAW_TRACEPOINT, TRACEPOINT, Hook
@@ -363,6 +363,7 @@ class NetProbe(RingReader):
 
         self._lib = lib
         self._flags = flags
+        self._kept = kept
         self.socket_tier = f"-DNET_TIER={NET_TIER_SOCK}" in flags
         module = compiled if compiled is not None else compile_net(flags, kept)
         try:
@@ -467,16 +468,39 @@ class NetProbe(RingReader):
     def _load_tls(self):
         """The TLS library's programs: net.c again, with -DTLS_MODULE, on this
         module's maps (pinned for the compile); compiled and loaded (about a
-        second: TlsHooks runs it on a thread, once a traced process maps a libssl)."""
+        second: TlsHooks runs it on a thread, once a traced process maps a
+        libssl), then kept; or loaded as an earlier start kept them, onto the
+        TLS module's maps made anew (-DNET_PART=3: a third of the time)."""
+        flags = [*self._flags, "-DTLS_MODULE=1"]
+        if self._kept is None:
+            return self._tls_module(flags)
+        k = kept_key(bpf_dir(), flags)  # the pins' folder is no part of it: a fresh one each time
+        made = self._kept.get(k)
+        if made is not None:
+            try:
+                tls = self._tls_module(flags, made)
+            except Exception as e:  # bcc raises Exception; ValueError: a map net.c does not make
+                forget(self._kept.folder / k, e)
+            else:
+                log.info("tls programs kept from an earlier start (%s)", self._kept.folder / k)
+                return tls
+        tls = self._tls_module(flags)
+        self._kept.put(k, tables(tls), apart.programs_of(tls))
+        return tls
+
+    def _tls_module(self, flags: list[str], made: tuple[Tables, apart.Programs] | None = None):
+        """The TLS module compiled with ``flags``, its programs loaded: its own,
+        or ``made`` (kept from an earlier start) moved onto its maps."""
         from bcc import BPF
 
         with pinned(self._bpf) as pins:  # opened from there by the TLS module's BPF_TABLE_PINNED
-            tls = compile_module(str(bpf_dir() / "net.c"),
-                                 [*self._flags, "-DTLS_MODULE=1", f'-DTLS_PINS="{pins}"'])
+            tls = compile_module(str(bpf_dir() / "net.c"), [*flags, f'-DTLS_PINS="{pins}"',
+                                                            *(["-DNET_PART=3"] if made is not None else [])])
         try:
+            moved = apart.onto(tls, made) if made is not None else {}
             entries = [entry.encode() for entry in TLS_SYMBOLS.values()]
             user_tails = [b"u" + name for name in TAILS]
-            loaded = side_by_side.load(tls, [*user_tails, b"ssl_leave", *entries], BPF.KPROBE)
+            loaded = side_by_side.load(tls, [*user_tails, b"ssl_leave", *entries], BPF.KPROBE, moved)
             for i, fn in enumerate(loaded[:len(user_tails)]):
                 self._bpf[b"uscan_prog"][ct.c_int(i)] = ct.c_int(fn.fd)
         except BaseException:

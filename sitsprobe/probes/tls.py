@@ -122,7 +122,7 @@ class TlsHooks:
                 self._load_failed = f"the TLS programs did not load: {str(e) or type(e).__name__}"
                 return
             release_compiler()  # the compiler's pages go again
-            log.info("tls programs compiled and loaded in %.2f s", time.monotonic() - t)
+            log.info("tls programs loaded in %.2f s", time.monotonic() - t)
 
         self._loading = threading.Thread(target=load, name="tls-load", daemon=True)
         self._loading.start()

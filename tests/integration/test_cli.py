@@ -114,10 +114,11 @@ def test_a_cache_probe_alone_traces_the_program_it_probes(tmp_path):
 
 
 def test_a_second_start_loads_the_programs_the_first_compiled(tmp_path):
-    """The first start keeps net.c's programs (compiled_dir); the next, with
-    the same settings, makes only the maps, loads those programs onto them
-    and traces nginx as the first did: a span for each of the client's
-    requests, with its path and nginx's status."""
+    """The first start keeps net.c's programs (compiled_dir), and the TLS
+    module's once nginx's libssl is hooked; the next, with the same
+    settings, makes only the maps, loads those programs onto them and traces
+    nginx as the first did: a span for each of the client's requests, with
+    its path and nginx's status."""
     require_root()
     kept = tmp_path / "compiled"
     for run in ("first", "second"):
@@ -129,9 +130,13 @@ def test_a_second_start_loads_the_programs_the_first_compiled(tmp_path):
             spans = agent.traces.wait_for_port(nginx.port, 7, pid=nginx.workers[0])
             assert sorted(s["attrs"]["url.query"] for s in spans) == [f"{run}{i}=REDACTED" for i in range(7)]
             assert [s["attrs"]["http.response.status_code"] for s in spans] == statuses
+            # Debian's nginx maps libssl: the TLS module is loaded (and kept) too
+            wait_until(lambda: agent.metric("sitsprobe_tls_processes", pid=nginx.workers[0]) == 1, 10,
+                       "the agent to hook nginx's libssl")
         said = (d / "agent.log").read_text()
-        assert ("its programs kept from an earlier start" in said) == (run == "second"), said
-        assert len(list(kept.iterdir())) == 1
+        assert ("net.c: its programs kept from an earlier start" in said) == (run == "second"), said
+        assert ("tls programs kept from an earlier start" in said) == (run == "second"), said
+        assert len(list(kept.iterdir())) == 2  # net.c's, and the TLS module's
 
 
 def test_ebpf_lists_what_run_would_load_here():

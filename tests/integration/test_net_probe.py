@@ -257,6 +257,43 @@ def test_kept_programs_that_do_not_load_are_compiled_afresh_and_kept_again(spoil
     _ends_a_closed_connection(p, f"/{spoiled}")
 
 
+TLS_SPOILED = {  # the TLS module's kept programs, spoiled the same two ways
+    "refused": lambda tables, programs: (tables, {**programs, b"ssl_leave": b"\x95" + bytes(7)}),
+    "unknown-map": SPOILED["unknown-map"],
+}
+
+
+@pytest.mark.parametrize("spoiled", list(TLS_SPOILED))
+def test_kept_tls_programs_that_do_not_load_are_compiled_afresh_and_kept_again(spoiled, tmp_path, caplog):
+    """The TLS module's programs, kept beside net.c's by the first probe that
+    loaded them: spoiled, the next probe says so, compiles the module
+    instead, loads its programs, and keeps them in the file's place."""
+    from sitsprobe.probes import side_by_side
+    from sitsprobe.probes.kept import key
+    from sitsprobe.probes.net import bpf_dir
+
+    kept = KeptPrograms(str(tmp_path))
+    p = make_probe("socket", True, kept=kept)
+    try:
+        path = tmp_path / key(bpf_dir(), [*p._flags, "-DTLS_MODULE=1"])
+        side_by_side.close(p._load_tls())
+    finally:
+        p.close()
+    good = marshal.loads(path.read_bytes())
+    path.write_bytes(marshal.dumps(TLS_SPOILED[spoiled](*good)))
+    p = make_probe("socket", True, kept=kept)
+    try:
+        tls = p._load_tls()
+        try:
+            assert f"programs kept at {path} did not load" in caplog.text
+            assert {b"ssl_leave", b"uscan_head"} <= set(tls.funcs)
+        finally:
+            side_by_side.close(tls)
+    finally:
+        p.close()
+    assert _by_name(marshal.loads(path.read_bytes())) == _by_name(good), "kept in its place"
+
+
 def _ends_a_closed_connection(p: NetProbe, path: str) -> None:
     """A request on a connection then closed: its exchange reported and the
     connection let go (end_conn_tp, a tail call), then ``p`` closed."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import HERE, TAG, Nginx, NodeScript, Owned, wait_until
+from .conftest import HERE, TAG, Nginx, NodeScript, Owned, require_root, running_agent, wait_until
 
 TIERS = ("socket", "syscall")  # the exactness of each socket tier that loads (socket_hooks)
 PATHS = ("/json/a", "/status/404", "/json/b", "/status/503")
@@ -69,6 +69,22 @@ def drive(port: int, paths, connections: int = 3, per_connection: int = 8) -> co
     return tally
 
 
+def _traced_past_the_capture(port: int, n: int) -> set[tuple[str, str]]:
+    """n GETs over HTTPS whose traceparent follows 400 bytes of another header:
+    their (trace id, parent span id)."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=context)
+    sent = set()
+    for i in range(n):
+        trace, parent = f"{0xabc0 + i:032x}", f"{0x5e0 + i:016x}"
+        conn.request("GET", "/", headers={"X-Pad": "p" * 400, "traceparent": f"00-{trace}-{parent}-01"})
+        conn.getresponse().read()
+        sent.add((trace, parent))
+    conn.close()
+    return sent
+
+
 def check(agent, port: int, pid: int, tally: collections.Counter) -> None:
     total = sum(tally.values())
     spans = agent.traces.wait_for_port(port, total, timeout=20)
@@ -94,6 +110,30 @@ def test_nginx_over_https_is_framed_like_cleartext(agent, certificate, tmp_path)
         tally = drive(nginx.port, ("/", "/missing", "/index.html"))
         assert tally["/missing", 404] and tally["/", 200]
         check(agent, nginx.port, nginx.workers[0], tally)
+
+
+def test_a_second_start_loads_the_tls_programs_the_first_compiled(certificate, tmp_path):
+    """The first agent compiles the TLS module once nginx's libssl shows, and
+    keeps its programs beside net.c's (compiled_dir); the next, with the same
+    settings, makes the module's maps alone and loads them: nginx over HTTPS
+    is framed as before, a span for each of the client's requests."""
+    require_root()
+    kept = tmp_path / "compiled"
+    for run in ("first", "second"):
+        d = tmp_path / run
+        d.mkdir()
+        with running_agent(d, {}, {}, {"compiled_dir": str(kept)}) as agent, \
+                Nginx(agent, d / "nginx", tls=certificate) as nginx:
+            wait_until(lambda: all(agent.metric("sitsprobe_tls_processes", pid=p) == 1 for p in nginx.workers),
+                       10, "the agent to hook nginx's libssl")
+            check(agent, nginx.port, nginx.workers[0], drive(nginx.port, ("/", "/missing"), 2, 5))
+            # a traceparent past the bytes captured with a head: found by the tail call that scans it
+            sent = _traced_past_the_capture(nginx.port, 3)
+            spans = agent.traces.wait_for_port(nginx.port, 10 + 3, timeout=20)
+            assert sent <= {(s["traceId"], s.get("parentSpanId")) for s in spans}, sent
+        said = (d / "agent.log").read_text()
+        assert ("tls programs kept from an earlier start" in said) == (run == "second"), said
+        assert len(list(kept.iterdir())) == 2  # net.c's, and the TLS module's
 
 
 def test_haproxy_over_https_is_framed_like_cleartext(agent, certificate, tmp_path):
