@@ -17,6 +17,7 @@ exchanges, and `tls_status` tells which it is.
 from __future__ import annotations
 
 import ctypes as ct
+import errno
 import logging
 import os
 import re
@@ -36,6 +37,11 @@ _LIBRARY = {OPENSSL: re.compile(r"^libssl\.so(\.\d+)*$")}
 # symbol -> entry program; every return goes to ssl_leave
 SYMBOLS = {"SSL_read": "ssl_read_enter", "SSL_read_ex": "ssl_read_ex_enter",
            "SSL_write": "ssl_write_enter", "SSL_write_ex": "ssl_write_ex_enter"}
+# A load the kernel refused for the moment (a signal while the verifier ran, memory short,
+# a busy resource) is tried again after RETRY_FIRST_S, each wait twice the last, to RETRY_MOST_S;
+# any other failure (the verifier's verdict, a missing file system) stands.
+RETRY_FIRST_S, RETRY_MOST_S = 30.0, 600.0
+_TRANSIENT = tuple(os.strerror(code) for code in (errno.EAGAIN, errno.EINTR, errno.ENOMEM, errno.EBUSY))
 GO_BUILDINFO = b"\xff Go buildinf:"  # the magic of a Go binary's .go.buildinfo section
 
 
@@ -48,15 +54,23 @@ class TlsHooks:
     the first traced process that maps a libssl is found: about a second of
     a core that no start pays before its socket probes are on, and none at
     all where no TLS is traced. A process found meanwhile waits for it
-    (`attach_waiting`)."""
+    (`attach_waiting`); where the kernel refused the load for the moment
+    (bcc says the errno's words: EAGAIN, EINTR, ENOMEM, EBUSY), it waits on
+    and the load is tried again (RETRY_FIRST_S, then twice as long each
+    time), and a process whose TLS stays opaque meanwhile is not given up."""
 
-    def __init__(self, procs, load_module: Callable[[], object], proc: str = "/proc"):
+    def __init__(self, procs, load_module: Callable[[], object], proc: str = "/proc",
+                 clock: Callable[[], float] = time.monotonic):
         self._procs = procs
         self._load_module = load_module
         self._proc = proc
+        self._clock = clock
         self._bpf = None  # the TLS programs' bcc module, once loaded
         self._loading: threading.Thread | None = None
         self._load_failed: str | None = None
+        self._refused: str | None = None  # why the last load was refused for the moment
+        self._retry_at = 0.0  # after such a refusal, when the load is tried again (clock)
+        self._retry_wait = RETRY_FIRST_S
         self._waiting: set[int] = set()  # pids that map a libssl, until the module is loaded
         self._events: dict[int, list[bytes]] = {}  # pid -> its probes (bcc's event names)
         self.failed: dict[int, str] = {}  # pid -> why its libssl could not be probed
@@ -71,7 +85,11 @@ class TlsHooks:
             return self._load_failed
         if self._bpf is not None:
             return "loaded"
-        return "not needed yet" if self._loading is None else "loading"
+        if self._loading is None:
+            return "not needed yet"
+        if self._refused is not None and not self._loading.is_alive():
+            return f"{self._refused}; trying again"
+        return "loading"
 
     def attach(self, pid: int) -> str | None:
         """Cover pid if it maps a libssl, or its executable carries OpenSSL:
@@ -103,24 +121,34 @@ class TlsHooks:
 
     def attach_waiting(self) -> None:
         """Put the probes on the processes that waited for the programs, once
-        those are loaded (or say why they are not). Cheap when none wait."""
-        if self._waiting and not self._loading.is_alive():
+        those are loaded (or say why they are not); after a load refused for
+        the moment, once its retry is due. Cheap when none wait."""
+        if self._waiting and not self._loading.is_alive() and self._clock() >= self._retry_at:
             waiting, self._waiting = self._waiting, set()
             for pid in sorted(waiting):
                 self.attach(pid)
 
     def _start_loading(self) -> None:
-        if self._loading is not None:
+        if self._loading is not None and (self._refused is None or self._loading.is_alive()
+                                          or self._clock() < self._retry_at):
             return
 
         def load() -> None:
             t = time.monotonic()
             try:
                 self._bpf = self._load_module()
-            except Exception as e:  # noqa: BLE001 (bcc raises Exception) every waiting process says it
+            except Exception as e:  # noqa: BLE001 (bcc raises Exception) said by each waiting process, or retried
                 log.debug("tls programs", exc_info=True)
-                self._load_failed = f"the TLS programs did not load: {str(e) or type(e).__name__}"
+                why = f"the TLS programs did not load: {str(e) or type(e).__name__}"
+                if not str(e).endswith(_TRANSIENT):
+                    self._load_failed = why
+                    return
+                self._refused, self._retry_at = why, self._clock() + self._retry_wait
+                log.warning("%s; trying again in %.0f s (traced processes' TLS is opaque until then)",
+                            why, self._retry_wait)
+                self._retry_wait = min(2 * self._retry_wait, RETRY_MOST_S)
                 return
+            self._refused = None
             release_compiler()  # the compiler's pages go again
             log.info("tls programs loaded in %.2f s", time.monotonic() - t)
 

@@ -4,6 +4,7 @@ the TLS programs, tracking and run-queue waits. What it reports of a
 server's exchanges: test_net_probe_exchanges.py."""
 from __future__ import annotations
 
+import errno
 import json
 import marshal
 import os
@@ -502,6 +503,41 @@ def test_the_tls_programs_are_on_their_net_programs_maps_with_others_made_and_fr
     finally:
         p.close()
         other.close()
+
+
+def test_tls_programs_the_kernel_refused_for_the_moment_load_when_tried_again(processes, monkeypatch, caplog):
+    """The kernel refuses a program for the moment where a signal comes while
+    its verifier runs (EAGAIN: a profiler attaching to the agent does it):
+    the whole TLS module goes, its compile and load are done again a while
+    later, and the process that waited is covered then, never given up."""
+    from sitsprobe.probes import net as net_module
+    from sitsprobe.probes import tls
+
+    ssl, _ = processes
+    monkeypatch.setattr(tls, "RETRY_FIRST_S", 1.0)
+    p = make_probe("socket", True)
+    real, refused = net_module.side_by_side.load, []
+
+    def load(bpf, names, *rest):
+        if b"ssl_leave" in names and not refused:  # the TLS module's, compiled: the kernel says no
+            refused.append(bpf)
+            raise Exception(f"Failed to load BPF program b'ssl_leave': {os.strerror(errno.EAGAIN)}")
+        return real(bpf, names, *rest)
+    monkeypatch.setattr(net_module.side_by_side, "load", load)
+    try:
+        assert p.tls.attach(ssl) is None
+        wait_until(lambda: _covered(p, ssl) or p.tls.programs.endswith("; trying again"), 30,
+                   "the first TLS load to end")
+        assert refused and ssl not in p.tls.failed and ssl not in p.tls.covered, p.tls.failed
+        assert p.tls.programs.endswith("Resource temporarily unavailable; trying again"), p.tls.programs
+        wait_until(lambda: _covered(p, ssl), 30, "the TLS load tried again")
+        assert p.tls.programs == "loaded" and "/libssl" in p.tls.covered[ssl], p.tls.failed
+        assert len(refused) == 1 and refused[0] is not p.tls._bpf
+        said = [r.getMessage() for r in caplog.records if "TLS programs did not load" in r.getMessage()]
+        assert len(said) == 1 and "trying again in 1 s" in said[0], said
+    finally:
+        p.close()
+    assert not any(name.startswith(f"sitsprobe-{os.getpid()}-") for name in os.listdir("/sys/fs/bpf"))
 
 
 def test_tls_programs_that_cannot_load_say_why_and_the_rest_still_traces(processes, monkeypatch, tmp_path,
