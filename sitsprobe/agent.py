@@ -34,6 +34,7 @@ from .export.prom import (
 )
 from .export.semconv import span_attributes
 from .losses import LossLog, loss_totals
+from .probes.retry import Retry, refused_for_now
 from .report.recent import Recent
 from .report.records import RequestRecord
 from .report.tables import kept_attributes
@@ -129,7 +130,9 @@ class Agent:
         self.probe = None
         self.markers = None
         self._rings = None  # RingWait over every probe's rings, from start()
-        self._unprobed: set[int] = set()  # engines whose markers library could not be probed
+        # engines whose markers library could not be probed: for good (None), or refused
+        # by the kernel for the moment and tried again when its Retry is due
+        self._unprobed: dict[int, Retry | None] = {}
         self.cache = None  # CacheProbe
         self.cache_stats = None
         self.gpu = None
@@ -447,7 +450,7 @@ class Agent:
         self._thread_names = {k: v for k, v in self._thread_names.items() if k[0] != pid}
         self.probe.untrack(pid)
         self.engine.instrumented.discard(pid)
-        self._unprobed.discard(pid)
+        self._unprobed.pop(pid, None)
         if self.gpu is not None:
             self.gpu.forget(pid)
         for ex in self.probe.forget(pid):
@@ -537,22 +540,33 @@ class Agent:
         """Traced processes that load the markers library: probe the library,
         and from then on hold their requests for their markers. One whose
         library cannot be probed is said once and traced without its stages:
-        it must not stop the agent, nor hold its requests for nothing."""
+        it must not stop the agent, nor hold its requests for nothing. Where
+        the kernel refused the probe's load for the moment (probes/retry.py),
+        it is tried again, at a rescan once its wait is over."""
         from .probes.markers import find_marker_libraries
 
         for pid in self.tracked:
-            if pid in self.engine.instrumented or pid in self._unprobed:
+            if pid in self.engine.instrumented:
                 continue  # a process keeps the libraries it has: look once
+            if pid in self._unprobed and not ((retry := self._unprobed[pid]) and retry.due()):
+                continue
             libs = find_marker_libraries(pids=[pid])
             try:
                 for path in libs:
                     if self._marker_probe().attach(path):
                         log.info("engine markers: attached to %s", path)
             except ProbeAttachError as e:
-                log.warning("%s: %s[%d] is traced without its engine stages",
-                            e, self.tracked[pid], pid)
-                self._unprobed.add(pid)
+                if refused_for_now(e):
+                    retry = self._unprobed.get(pid) or Retry()
+                    log.warning("%s: %s[%d] is traced without its engine stages until it is tried again, "
+                                "in %.0f s", e, self.tracked[pid], pid, retry.refused())
+                else:
+                    retry = None
+                    log.warning("%s: %s[%d] is traced without its engine stages",
+                                e, self.tracked[pid], pid)
+                self._unprobed[pid] = retry
                 continue
+            self._unprobed.pop(pid, None)
             if libs:  # its requests wait for their markers from now on, even the first
                 self.engine.instrumented.add(pid)
 

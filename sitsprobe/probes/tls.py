@@ -17,7 +17,6 @@ exchanges, and `tls_status` tells which it is.
 from __future__ import annotations
 
 import ctypes as ct
-import errno
 import logging
 import os
 import re
@@ -29,6 +28,7 @@ from ..errors import ProbeAttachError
 from . import side_by_side
 from .libs import MappedLibrary, mapped_libraries
 from .memory import release_compiler
+from .retry import Retry, refused_for_now
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,6 @@ _LIBRARY = {OPENSSL: re.compile(r"^libssl\.so(\.\d+)*$")}
 # symbol -> entry program; every return goes to ssl_leave
 SYMBOLS = {"SSL_read": "ssl_read_enter", "SSL_read_ex": "ssl_read_ex_enter",
            "SSL_write": "ssl_write_enter", "SSL_write_ex": "ssl_write_ex_enter"}
-# A load the kernel refused for the moment (a signal while the verifier ran, memory short,
-# a busy resource) is tried again after RETRY_FIRST_S, each wait twice the last, to RETRY_MOST_S;
-# any other failure (the verifier's verdict, a missing file system) stands.
-RETRY_FIRST_S, RETRY_MOST_S = 30.0, 600.0
-_TRANSIENT = tuple(os.strerror(code) for code in (errno.EAGAIN, errno.EINTR, errno.ENOMEM, errno.EBUSY))
 GO_BUILDINFO = b"\xff Go buildinf:"  # the magic of a Go binary's .go.buildinfo section
 
 
@@ -55,22 +50,19 @@ class TlsHooks:
     a core that no start pays before its socket probes are on, and none at
     all where no TLS is traced. A process found meanwhile waits for it
     (`attach_waiting`); where the kernel refused the load for the moment
-    (bcc says the errno's words: EAGAIN, EINTR, ENOMEM, EBUSY), it waits on
-    and the load is tried again (RETRY_FIRST_S, then twice as long each
-    time), and a process whose TLS stays opaque meanwhile is not given up."""
+    (probes/retry.py), it waits on while the load is tried again later: a
+    process whose TLS stays opaque meanwhile is not given up."""
 
     def __init__(self, procs, load_module: Callable[[], object], proc: str = "/proc",
                  clock: Callable[[], float] = time.monotonic):
         self._procs = procs
         self._load_module = load_module
         self._proc = proc
-        self._clock = clock
         self._bpf = None  # the TLS programs' bcc module, once loaded
         self._loading: threading.Thread | None = None
         self._load_failed: str | None = None
         self._refused: str | None = None  # why the last load was refused for the moment
-        self._retry_at = 0.0  # after such a refusal, when the load is tried again (clock)
-        self._retry_wait = RETRY_FIRST_S
+        self._retry = Retry(clock)  # after such a refusal, when the load is tried again
         self._waiting: set[int] = set()  # pids that map a libssl, until the module is loaded
         self._events: dict[int, list[bytes]] = {}  # pid -> its probes (bcc's event names)
         self.failed: dict[int, str] = {}  # pid -> why its libssl could not be probed
@@ -123,14 +115,14 @@ class TlsHooks:
         """Put the probes on the processes that waited for the programs, once
         those are loaded (or say why they are not); after a load refused for
         the moment, once its retry is due. Cheap when none wait."""
-        if self._waiting and not self._loading.is_alive() and self._clock() >= self._retry_at:
+        if self._waiting and not self._loading.is_alive() and self._retry.due():
             waiting, self._waiting = self._waiting, set()
             for pid in sorted(waiting):
                 self.attach(pid)
 
     def _start_loading(self) -> None:
         if self._loading is not None and (self._refused is None or self._loading.is_alive()
-                                          or self._clock() < self._retry_at):
+                                          or not self._retry.due()):
             return
 
         def load() -> None:
@@ -140,13 +132,11 @@ class TlsHooks:
             except Exception as e:  # noqa: BLE001 (bcc raises Exception) said by each waiting process, or retried
                 log.debug("tls programs", exc_info=True)
                 why = f"the TLS programs did not load: {str(e) or type(e).__name__}"
-                if not str(e).endswith(_TRANSIENT):
+                if not refused_for_now(e):
                     self._load_failed = why
                     return
-                self._refused, self._retry_at = why, self._clock() + self._retry_wait
-                log.warning("%s; trying again in %.0f s (traced processes' TLS is opaque until then)",
-                            why, self._retry_wait)
-                self._retry_wait = min(2 * self._retry_wait, RETRY_MOST_S)
+                wait, self._refused = self._retry.refused(), why
+                log.warning("%s; trying again in %.0f s (traced processes' TLS is opaque until then)", why, wait)
                 return
             self._refused = None
             release_compiler()  # the compiler's pages go again

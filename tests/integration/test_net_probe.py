@@ -511,10 +511,10 @@ def test_tls_programs_the_kernel_refused_for_the_moment_load_when_tried_again(pr
     the whole TLS module goes, its compile and load are done again a while
     later, and the process that waited is covered then, never given up."""
     from sitsprobe.probes import net as net_module
-    from sitsprobe.probes import tls
+    from sitsprobe.probes import retry
 
     ssl, _ = processes
-    monkeypatch.setattr(tls, "RETRY_FIRST_S", 1.0)
+    monkeypatch.setattr(retry, "FIRST_S", 1.0)
     p = make_probe("socket", True)
     real, refused = net_module.side_by_side.load, []
 

@@ -12,7 +12,9 @@ import os
 import pytest
 
 from sitsprobe.probes import tls
-from sitsprobe.probes.tls import RETRY_FIRST_S, RETRY_MOST_S, TlsHooks
+from sitsprobe.probes.retry import FIRST_S as RETRY_FIRST_S
+from sitsprobe.probes.retry import MOST_S as RETRY_MOST_S
+from sitsprobe.probes.tls import TlsHooks
 
 LIBSSL = "/usr/lib/x86_64-linux-gnu/libssl.so.3"
 PID = 4242
