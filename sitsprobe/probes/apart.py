@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from . import child
-from .compiler import Tables, compile_module, free_module, lib, tables
+from .compiler import Tables, compile_module, free_module, kernel_load, lib, tables
 
 log = logging.getLogger("sitsprobe")
 
@@ -151,7 +151,13 @@ class Apart:
 
 def load_func(bpf, name: bytes, prog_type: int, apart: Programs):
     """bcc's ``bpf.load_func``, for a program of ``apart`` too (bcc's
-    Function, kept in ``bpf.funcs``: bcc's cleanup closes it)."""
+    Function, kept in ``bpf.funcs``: bcc's cleanup closes it); tried again
+    while the kernel refuses it for the moment, else a ProbeLoadError
+    (compiler.kernel_load)."""
+    return kernel_load(lambda: _load_func(bpf, name, prog_type, apart), name.decode())
+
+
+def _load_func(bpf, name: bytes, prog_type: int, apart: Programs):
     if name not in apart or name in bpf.funcs:
         return bpf.load_func(name, prog_type)
     from bcc import BPF

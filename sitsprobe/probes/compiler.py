@@ -18,9 +18,14 @@ from __future__ import annotations
 import ctypes as ct
 import logging
 import os
+import re
 import tempfile
 import threading
+from pathlib import Path
 from typing import Callable, TypeVar
+
+from ..errors import ProbeLoadError
+from .retry import soon
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +35,7 @@ KALLSYMS = b"ffffffff81000000 T bpf_probe_read_kernel\nffffffff81000010 T bpf_pr
 _CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_SLAVE = 0x20000, 0x1000, 0x4000, 1 << 19
 _said: list[OSError] = []  # why no compile here could see the short kallsyms
 Tables = dict[int, str]  # a module's maps: their fds in this process -> their names
+_LOAD_FAILED = re.compile(r"Failed to load BPF program b?'?([^':]*)'?: (.*)", re.S)  # as bcc says it
 
 
 def lib():
@@ -50,11 +56,27 @@ def tables(bpf) -> Tables:
 
 
 def compile_module(src_file: str, cflags: list[str]):
-    """``bcc.BPF`` of one source file: compiled, its maps made."""
+    """``bcc.BPF`` of one source file: compiled, its maps made (and the
+    programs named for their hook loaded and put on, as bcc does)."""
     from bcc import BPF  # the probes layer is the only one that imports bcc
 
     with LOCK:
-        return short_kallsyms(lambda: BPF(src_file=src_file.encode(), cflags=cflags))
+        return kernel_load(lambda: short_kallsyms(lambda: BPF(src_file=src_file.encode(), cflags=cflags)),
+                           Path(src_file).name)
+
+
+def kernel_load(attempt: Callable[[], T], what: str) -> T:
+    """``attempt()``: a compile that loads programs, or one program's load;
+    tried again while the kernel refuses it for the moment (retry.soon). A
+    program the kernel did not take is raised as a ProbeLoadError, which the
+    CLI says in one line."""
+    try:
+        return soon(attempt, what)
+    except Exception as e:  # noqa: BLE001 (bcc raises Exception)
+        failed = _LOAD_FAILED.fullmatch(str(e))
+        if failed is None:
+            raise
+        raise ProbeLoadError(failed[1], failed[2]) from e
 
 
 def short_kallsyms(make: Callable[[], T]) -> T:

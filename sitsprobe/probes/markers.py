@@ -19,7 +19,7 @@ from ..abi import (MARKER_COUNTERS as COUNTERS, MARKER_IDS,
 from ..errors import ProbeAttachError
 from ..markers._native import FUNCTIONS
 from ..events import MarkerEvent
-from . import side_by_side
+from . import apart, side_by_side
 from .compiler import compile_module
 from .libs import mapped_libraries
 from .net import bpf_dir, source_flags
@@ -150,7 +150,7 @@ class MarkerProbe(RingReader):
         self._attached: dict[tuple[int, int], tuple[str, set]] = {}  # inode -> path, bcc events
         self._bpf = compile_module(str(bpf_dir() / "markers.c"), cflags(ring_pages, max_batch_ids))
         for fn in HOOKS.values():  # verify every program now, not at the first attach
-            self._bpf.load_func(fn.encode(), BPF.KPROBE)
+            apart.load_func(self._bpf, fn.encode(), BPF.KPROBE, {})
         self._ring = self._bpf[b"marker_events"]
         self._event_type = None
         self._ring.open_ring_buffer(self._on_ring)

@@ -78,3 +78,102 @@ def test_where_no_namespace_can_be_made_the_compile_reads_the_kernel_s_own(bcc, 
                                "[Errno 1] unshare(CLONE_NEWNS): Operation not permitted")
     assert said[1][0] == "DEBUG"  # said once a process
     assert compiler.kallsyms_seen() == "all of it ([Errno 1] unshare(CLONE_NEWNS): Operation not permitted)"
+
+
+# a loop the verifier walks for a while (some milliseconds): long enough for a signal to find it running
+SLOW = r"""
+BPF_ARRAY(vals, u64, 64);
+int slow(void *ctx) {
+    u64 acc = 0;
+    for (int i = 0; i < 64; i++) {
+        int k = i;
+        u64 *v = vals.lookup(&k);
+        if (v) { if (*v & 1) acc += *v; else acc ^= *v; }
+        if (acc > 1000) acc >>= 1;
+    }
+    return acc & 1;
+}
+"""
+
+
+class _Storm:
+    """SIGUSR1 (with a handler: a signal left to its default is never
+    pending) at this thread every 0.2 ms from another, as a profiler's
+    interruptions come, until ``stop`` is set."""
+
+    def __init__(self):
+        import signal
+        import threading
+
+        self._signal, self.stop, self.sent = signal, threading.Event(), 0
+        self._old = signal.signal(signal.SIGUSR1, lambda *_: None)
+        self._target = threading.get_ident()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self.stop.wait(0.0002):
+            self._signal.pthread_kill(self._target, self._signal.SIGUSR1)
+            self.sent += 1
+
+    def close(self):
+        self.stop.set()
+        self._thread.join()
+        self._signal.signal(self._signal.SIGUSR1, self._old)
+
+
+def _slow_module(tmp_path):
+    src = tmp_path / "slow.c"
+    src.write_text(SLOW)
+    return compiler.compile_module(str(src), [])
+
+
+def test_a_load_a_signal_interrupted_is_tried_again(bcc, tmp_path, caplog):
+    """The verifier gives up with EAGAIN when a signal is pending for the
+    thread that loads (libbpf tries again at once, five times: under a storm
+    of them, in vain). The load is tried again after a pause: here the storm
+    ends at the first refusal the agent says, and the next try loads."""
+    import logging
+
+    from sitsprobe.probes import apart
+
+    bpf = _slow_module(tmp_path)
+    storm = _Storm()
+
+    class EndStorm(logging.Handler):
+        def emit(self, record):
+            if "refused slow for the moment" in record.getMessage():
+                storm.stop.set()
+    handler = EndStorm()
+    logging.getLogger("sitsprobe").addHandler(handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="sitsprobe"):
+            fn = apart.load_func(bpf, b"slow", bcc.BPF.KPROBE, {})
+        assert fn.fd >= 0 and storm.stop.is_set() and storm.sent > 0  # refused first, then loaded
+    finally:
+        logging.getLogger("sitsprobe").removeHandler(handler)
+        storm.close()
+        compiler.free_module(bpf)
+
+
+def test_a_load_refused_through_every_try_is_one_line_that_says_why(bcc, tmp_path, monkeypatch, caplog):
+    """What `sitsprobe run` prints where the net program cannot load: the
+    program, the kernel's words and, said before, how often it tried."""
+    import logging
+
+    from sitsprobe.errors import ProbeLoadError, SitsprobeError
+    from sitsprobe.probes import apart, retry
+
+    monkeypatch.setattr(retry, "SOON_S", (0.01, 0.02))
+    bpf = _slow_module(tmp_path)
+    storm = _Storm()
+    try:
+        with caplog.at_level(logging.INFO, logger="sitsprobe"), pytest.raises(ProbeLoadError) as e:
+            apart.load_func(bpf, b"slow", bcc.BPF.KPROBE, {})
+    finally:
+        storm.close()
+        compiler.free_module(bpf)
+    assert isinstance(e.value, SitsprobeError)  # the CLI's one line, no traceback
+    assert str(e.value) == "Failed to load BPF program slow: Resource temporarily unavailable"
+    said = [r.getMessage() for r in caplog.records if "refused slow" in r.getMessage()]
+    assert len(said) == 3 and said[-1].startswith("the kernel refused slow 3 times over 0.03 s"), said
