@@ -33,9 +33,9 @@ class ProbeLoadError(SitsprobeError):
     """The kernel did not take a program (or a module's compile loading its
     own). The message ends with the kernel's reason, as bcc's does."""
 
-    def __init__(self, program: str, reason: str, note: str = ""):
+    def __init__(self, program: str, reason: str):
         self.program, self.reason = program, reason
-        super().__init__(f"Failed to load BPF program {program}{note}: {reason}")
+        super().__init__(f"Failed to load BPF program {program}: {reason}")
 
 
 class HeadersNotFound(SitsprobeError):
