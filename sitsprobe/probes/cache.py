@@ -27,7 +27,7 @@ from ..cache.lookup import UNIX_PEER, KernelCacheCounts, KeyLookup
 from ..cache.spec import MAX_CACHES, CacheProbeSpec
 from ..errors import ProbeAttachError
 from ..request import Endpoint
-from . import side_by_side
+from . import apart, side_by_side
 from .compiler import compile_module
 from .hooks import TRACEPOINT, UPROBE, Hook
 from .net import bpf_dir, source_flags
@@ -188,6 +188,8 @@ class CacheProbe(RingReader):
         return sorted(paths)
 
     def _attach(self, slot: int, spec: CacheProbeSpec) -> None:
+        from bcc import BPF  # the probes layer is the only one that imports bcc
+
         paths = self._paths(spec)
         if not paths:
             self.pending[slot] = "no running process matches its process selector yet"
@@ -197,10 +199,12 @@ class CacheProbe(RingReader):
             if (path, spec.pid) in done:
                 continue
             try:
-                self._bpf.attach_uprobe(name=path.encode(), sym=spec.symbol.encode(),
-                                        fn_name=f"cache_enter_{slot}".encode(), pid=spec.pid)
-                self._bpf.attach_uretprobe(name=path.encode(), sym=spec.symbol.encode(),
-                                           fn_name=f"cache_return_{slot}".encode(), pid=spec.pid)
+                enter, leave = f"cache_enter_{slot}".encode(), f"cache_return_{slot}".encode()
+                for fn in (enter, leave):  # loaded here, not inside bcc's attach: a refusal is tried again
+                    apart.load_func(self._bpf, fn, BPF.KPROBE, {})
+                self._bpf.attach_uprobe(name=path.encode(), sym=spec.symbol.encode(), fn_name=enter, pid=spec.pid)
+                self._bpf.attach_uretprobe(name=path.encode(), sym=spec.symbol.encode(), fn_name=leave,
+                                           pid=spec.pid)
             except Exception as e:  # bcc raises plain Exception with its reason
                 raise ProbeAttachError(f"cache {spec.name}", f"{path}:{spec.symbol}",
                                        f"{e}; check the path and that the symbol is exported "

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..abi import CUDA_COUNTERS as COUNTERS
 from ..errors import ProbeAttachError
 from ..gpu.cuda import DIRECTIONS, FUNCTIONS, CudaCount
-from . import side_by_side
+from . import apart, side_by_side
 from .compiler import compile_module
 from .libs import MappedLibrary, mapped_libraries
 from .net import bpf_dir, source_flags
@@ -146,6 +146,8 @@ class CudaProbe:
         a = Attachment(lib, via)
         for sym, entry, ret in probe_points(lib.kind, exported, self._functions):
             try:
+                for fn in (entry, ret) if ret else (entry,):  # loaded here, not inside bcc's attach:
+                    apart.load_func(self._bpf, fn.encode(), self._BPF.KPROBE, {})  # a refusal is tried again
                 self._bpf.attach_uprobe(name=via.encode(), sym=sym.encode(), fn_name=entry.encode())
                 if ret:
                     self._bpf.attach_uretprobe(name=via.encode(), sym=sym.encode(),

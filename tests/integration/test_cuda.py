@@ -309,3 +309,35 @@ def test_calls_made_just_before_a_process_exits_are_in_metrics(tmp_path, childre
         stop.set()
         thread.join(10)
         agent.close()
+
+
+def test_a_program_the_kernel_refused_for_the_moment_is_loaded_on_a_retry(probe, children, tmp_path,
+                                                                          monkeypatch):
+    """The uprobes' programs are loaded by the probe itself before bcc's
+    attach (which would load them with no second try): the first load,
+    refused for the moment (EAGAIN, as bcc words it), is tried again, and no
+    function goes unprobed for it."""
+    import errno
+    import os
+
+    from sitsprobe.probes import apart, retry
+
+    monkeypatch.setattr(retry, "SOON_S", (0.01,))
+    real, refused = apart._load_func, []
+
+    def load(bpf, name, *rest):
+        if not refused:
+            refused.append(name)
+            raise Exception(f"Failed to load BPF program {name!r}: {os.strerror(errno.EAGAIN)}")
+        return real(bpf, name, *rest)
+    monkeypatch.setattr(apart, "_load_func", load)
+    copy = tmp_path / "retried" / "libcudart.so.12"
+    copy.parent.mkdir()
+    shutil.copy(libcudart(), copy)
+    child = children(copy)
+    new = probe.attach_pids([child.pid])
+    assert refused and [a.library.path for a in new] == [str(copy)]
+    assert "cudaLaunchKernel" in new[0].functions and new[0].missing == []
+    child.call({"cudaLaunchKernel": 5, "cudaMemcpy": 7})
+    assert {f: r["calls"] for f, r in by_function(probe, child.pid).items()} == {
+        "cudaLaunchKernel": 5, "cudaMemcpy": 7}

@@ -483,3 +483,46 @@ def test_generic_specs_on_libc(probe):
         p.close()
         caller.kill()
         caller.wait()
+
+
+def test_a_cache_program_the_kernel_refused_for_the_moment_is_loaded_on_a_retry(early, monkeypatch, caplog):
+    """bcc loads a uprobe's program inside its attach, where nothing tries
+    again; the cache probe loads them itself first (probes/apart.py), so a
+    refusal for the moment (here EAGAIN, as bcc words it, for the first try
+    of cache_enter_0) is tried again, and the probe counts what Redis counts."""
+    import errno
+    import logging
+
+    from sitsprobe.cache import CacheProbeSpec
+    from sitsprobe.probes import apart, retry
+    from sitsprobe.probes.cache import CacheProbe
+
+    r, _ = early
+    monkeypatch.setattr(retry, "SOON_S", (0.01,))
+    real, refused = apart._load_func, []
+
+    def load(bpf, name, *rest):
+        if name == b"cache_enter_0" and not refused:
+            refused.append(name)
+            raise Exception(f"Failed to load BPF program b'cache_enter_0': {os.strerror(errno.EAGAIN)}")
+        return real(bpf, name, *rest)
+    monkeypatch.setattr(apart, "_load_func", load)
+    spec = CacheProbeSpec.from_dict({"preset": "redis", "name": "retried", "process": {"pids": [r.pid]}}, "<test>")
+    got: list[KeyLookup] = []
+    with caplog.at_level(logging.INFO, logger="sitsprobe"):
+        p = CacheProbe([spec], got.append)
+    try:
+        assert refused and any("refused cache_enter_0 for the moment" in m for m in caplog.messages)
+        assert p.hooks()["cache retried"] == f"uprobe {os.path.realpath(REDIS)}:lookupKey"
+        c = Client(r.port, CLIENT_B)
+        before, t = r.stats(), Tally()
+        t.get(c, b"user:2", b"user:3")
+        wait_until(lambda: (p.poll(50), len([e for e in got if e.peer == c.local]) >= 2)[1], 15,
+                   "look-ups through the retried probe")
+        after = r.stats()
+        mine = [e for e in got if e.peer == c.local]
+        assert (sum(e.hit for e in mine), sum(not e.hit for e in mine)) == (t.hits, t.misses) == (
+            after[0] - before[0], after[1] - before[1])
+        c.close()
+    finally:
+        p.close()
