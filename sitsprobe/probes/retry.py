@@ -35,20 +35,22 @@ def refused_for_now(e: BaseException) -> bool:
 def soon(attempt: Callable[[], T], what: str) -> T:
     """``attempt()``, tried again after each of SOON_S while the kernel refuses
     it for the moment; past the last, that refusal raised (and said)."""
-    for wait in (*SOON_S, None):
+    for wait in SOON_S:
         try:
             return attempt()
         except Exception as e:  # noqa: BLE001 (bcc raises Exception)
             if not refused_for_now(e):
                 raise
-            if wait is None:
-                log.warning("the kernel refused %s %d times over %.2f s (%s): it does while a signal is "
-                            "pending for the thread that loads, as a profiler attaching to the agent sends",
-                            what, len(SOON_S) + 1, sum(SOON_S), e)
-                raise
             log.info("the kernel refused %s for the moment (%s); trying again in %.2f s", what, e, wait)
             time.sleep(wait)
-    raise AssertionError("unreachable")
+    try:
+        return attempt()
+    except Exception as e:  # noqa: BLE001 (bcc raises Exception)
+        if refused_for_now(e):
+            log.warning("the kernel refused %s %d times over %.2f s (%s): it does while a signal is "
+                        "pending for the thread that loads, as a profiler attaching to the agent sends",
+                        what, len(SOON_S) + 1, sum(SOON_S), e)
+        raise
 
 
 class Retry:
