@@ -15,6 +15,8 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -41,6 +43,17 @@ class Prometheus(Owned):
         self.pid = self.proc.pid
         self.until(lambda: agent.tracks(self.pid), 10, "the agent to track prometheus")
         self.until(lambda: accepts(self.port), 20, f"prometheus on port {self.port}")
+        self.readiness_calls = 0  # each a request the agent sees, on a connection of its own
+        self.until(self._ready, 30, "prometheus ready (its queries answer 503 until then)")
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=5) as r:
+                self.readiness_calls += 1
+                return r.status == 200
+        except urllib.error.HTTPError:  # 503: answered, not ready yet
+            self.readiness_calls += 1
+            return False
 
 
 # (method, path, body) one after another on one connection, four times: a POST's
@@ -86,8 +99,10 @@ def test_a_go_server_reading_a_request_s_first_byte_alone(agent, tier, tmp_path)
     with Prometheus(agent, tmp_path) as server:
         port, done = keep_alive(server.port, PROMETHEUS_CALLS)
         assert [status for _, status, _, _ in done] == [200, 200, 200, 405, 404] * 4, done
-        assert spans_of(agent, server.pid, len(done)) == [(port, *call) for call in done]
-        assert agent.metric("sitsprobe_http_server_requests_total", pid=server.pid) == len(done)
+        spans = spans_of(agent, server.pid, len(done) + server.readiness_calls)
+        assert [s for s in spans if s[0] == port] == [(port, *call) for call in done]
+        assert [s[1] for s in spans if s[0] != port] == ["GET /-/ready"] * server.readiness_calls
+        assert agent.metric("sitsprobe_http_server_requests_total", pid=server.pid) == len(spans)
 
 
 def test_a_head_sent_a_byte_first(agent, tier, tmp_path):
