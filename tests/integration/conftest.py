@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -81,16 +82,18 @@ class TraceFile:
                         out.append(s)
         return out
 
-    def for_port(self, port: int, pid: int | None = None) -> list[dict]:
+    def for_port(self, port: int, pid: int | Collection[int] | None = None) -> list[dict]:
         """The server spans of a port (a client span's server.port is the port it called);
-        of one process's if given: the kernel may hand an earlier test's port to a later server."""
+        of one process's (or of a few, nginx's workers) if given: the kernel may hand an
+        earlier test's port to a later server, and the agent of a module outlives its tests."""
+        pids = None if pid is None else {pid} if isinstance(pid, int) else set(pid)
         return [s for s in self.spans() if s["attrs"].get("server.port") == port and s.get("kind") != 3
-                and pid in (None, s["resource"].get("process.pid"))]
+                and (pids is None or s["resource"].get("process.pid") in pids)]
 
     def for_pid(self, pid: int) -> list[dict]:
         return [s for s in self.spans() if s["resource"].get("process.pid") == pid]
 
-    def wait_for_port(self, port: int, n: int, timeout: float = 15, pid: int | None = None) -> list[dict]:
+    def wait_for_port(self, port: int, n: int, timeout: float = 15, pid: int | Collection[int] | None = None) -> list[dict]:
         return wait_until(lambda: (s := self.for_port(port, pid)) and len(s) >= n and s,
                           timeout, f"{n} spans for port {port} (have {len(self.for_port(port, pid))})")
 

@@ -105,7 +105,7 @@ def test_h2c_requests_are_exact_per_path_and_status(agent, peer):
                 r = client.get(paths[i % len(paths)])
                 assert r.http_version == "HTTP/2"
                 tally[paths[i % len(paths)], r.status_code] += 1
-        spans = wait_until(lambda: (s := agent.traces.for_port(server.port)) and len(s) >= 30 and s,
+        spans = wait_until(lambda: (s := agent.traces.for_port(server.port, server.pid)) and len(s) >= 30 and s,
                            20, "30 HTTP/2 spans")
         got = collections.Counter((s["attrs"].get("url.path"), s["attrs"].get("http.response.status_code"))
                                   for s in spans)
@@ -151,7 +151,7 @@ def test_a_stream_held_on_a_zero_window_says_how_long(agent):
             sock.sendall(c.data_to_send())
         sock.close()
         assert got == 20000 and held >= 3
-        [span] = agent.traces.wait_for_port(server.port, 1)
+        [span] = agent.traces.wait_for_port(server.port, 1, pid=server.pid)
         wait = span["attrs"]["sitsprobe.http2.flow_control_wait_s"]
         duration = (int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])) / 1e9
         assert 0.25 * held * 0.9 <= wait <= duration, (wait, held, duration)
@@ -173,7 +173,7 @@ def test_garbage_frames_are_counted_and_survived(agent):
                     pass
         with httpx.Client(http1=False, http2=True, base_url=f"http://127.0.0.1:{server.port}") as client:
             assert client.get("/status/200").status_code == 200
-        [span] = agent.traces.wait_for_port(server.port, 1)
+        [span] = agent.traces.wait_for_port(server.port, 1, pid=server.pid)
         assert span["attrs"]["url.path"] == "/status/200"
         assert agent.alive()
         wait_until(lambda: agent.metric("sitsprobe_http2_connections_total", process="python") >= 6, 10,
@@ -203,7 +203,7 @@ def test_a_connection_older_than_the_agent_is_never_misattributed(tmp_path):
                 for i in range(12):
                     p = paths[i % 3]
                     truth.append((p, client.get(p).status_code))
-                spans = agent.traces.wait_for_port(server.port, 12, timeout=20)
+                spans = agent.traces.wait_for_port(server.port, 12, timeout=20, pid=server.pid)
         real = set(truth)
         for s in spans:
             a = s["attrs"]

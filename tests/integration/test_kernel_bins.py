@@ -36,7 +36,7 @@ def test_what_the_kernel_counts_adds_up_to_the_clients_tally(agent):
         c = Client(server.port)
         for path in ("/fixed", "/status/503", "/status/404"):  # the agent learns their routes
             c.request("GET", path)
-        agent.traces.wait_for_port(server.port, 3)
+        agent.traces.wait_for_port(server.port, 3, pid=server.pid)
         for i in range(400):
             c.request("GET", "/status/503" if i % 20 == 0 else "/status/404" if i % 15 == 0 else "/fixed")
         for _ in range(3):  # idle between requests: the agent's flush claims each before the kernel ends it
@@ -54,10 +54,10 @@ def test_what_the_kernel_counts_adds_up_to_the_clients_tally(agent):
         assert got["seen"] == len(tally)
         assert got["in_kernel"] >= 300, got  # all but the first of each, the idle ones and some sent early
         def errors():  # spans reach the file after the metrics reach the scrape: waited for
-            return [s for s in agent.traces.for_port(server.port) if s["attrs"]["http.response.status_code"] == 503]
+            return [s for s in agent.traces.for_port(server.port, server.pid) if s["attrs"]["http.response.status_code"] == 503]
         wait_until(lambda: len(errors()) >= want[503], 10, f"the {want[503]} errors' spans")
         assert len(errors()) == want[503], "every error crosses and is traced, once"
-        spans = agent.traces.for_port(server.port)
+        spans = agent.traces.for_port(server.port, server.pid)
         assert len(spans) < len(tally) / 2, "the kernel sent only what the trace budget could take"
     # the process exited: its kernel series are folded into its name's, nothing lost
     wait_until(lambda: not agent.tracks(server.pid), 10, "the server's exit to be seen")

@@ -101,9 +101,9 @@ def check_against_tally(spans: list[dict], tally: list[dict]) -> None:
 def test_spans_equal_client_tally(agent, mode):
     with Server(agent, mode) as server:
         tally = workload(server.port)
-        spans = agent.traces.wait_for_port(server.port, len(tally))
+        spans = agent.traces.wait_for_port(server.port, len(tally), pid=server.pid)
         time.sleep(0.3)  # nothing more may arrive
-        spans = agent.traces.for_port(server.port)
+        spans = agent.traces.for_port(server.port, server.pid)
     assert len(spans) == len(tally)
     check_against_tally(spans, tally)
     by_path = {}
@@ -151,7 +151,7 @@ def test_server_duration_within_each_round_trip(agent):
         c = Client(server.port)
         tally = [c.request("GET", f"/rtt/{i}x") for i in range(20)]
         c.close()
-        spans = agent.traces.wait_for_port(server.port, 20)
+        spans = agent.traces.wait_for_port(server.port, 20, pid=server.pid)
     by_path = {s["attrs"]["url.path"]: s for s in spans}
     for e in tally:
         s = by_path[e["path"]]
@@ -165,7 +165,7 @@ def test_traceparent_makes_the_server_span_a_child(agent):
         c.request("GET", "/traced", headers={"traceparent": f"00-{trace_id}-{parent}-01"})
         c.request("GET", "/untraced")
         c.close()
-        spans = agent.traces.wait_for_port(server.port, 2)
+        spans = agent.traces.wait_for_port(server.port, 2, pid=server.pid)
     by_path = {s["attrs"]["url.path"]: s for s in spans}
     assert by_path["/traced"]["traceId"] == trace_id
     assert by_path["/traced"]["parentSpanId"] == parent
@@ -192,7 +192,7 @@ def test_pipelined_chunked_and_streamed_responses(agent):
         while chunk := sse.recv(65536):
             streamed += chunk
         sse.close()
-        spans = agent.traces.wait_for_port(server.port, 5)
+        spans = agent.traces.wait_for_port(server.port, 5, pid=server.pid)
     by_path = {s["attrs"]["url.path"]: s["attrs"] for s in spans}
     assert set(by_path) == {"/p/1", "/status/404", "/p/3", "/chunked/5", "/sse/7"}
     assert by_path["/status/404"]["http.response.status_code"] == 404
@@ -213,7 +213,7 @@ def test_garbage_and_a_process_dying_mid_request_leave_the_agent_counting(agent)
         time.sleep(0.3)
         server.stop()  # dies with /hang unanswered
         hang.close()
-        spans = agent.traces.wait_for_port(server.port, 2)
+        spans = agent.traces.wait_for_port(server.port, 2, pid=server.pid)
     by_proto = {s["attrs"].get("url.path", "tcp"): s for s in spans}
     assert by_proto["tcp"]["name"].endswith("unknown exchange")
     assert by_proto["/hang"]["status"]["code"] == 2  # ERROR: never answered
@@ -222,7 +222,7 @@ def test_garbage_and_a_process_dying_mid_request_leave_the_agent_counting(agent)
     assert agent.alive()
     with Server(agent) as again:  # and it still counts
         tally = workload(again.port)
-        spans = agent.traces.wait_for_port(again.port, len(tally))
+        spans = agent.traces.wait_for_port(again.port, len(tally), pid=again.pid)
         check_against_tally(spans, tally)
 
 
@@ -251,7 +251,7 @@ def test_metrics_and_otlp_receiver_agree_with_the_file(agent):
         for i in range(17):
             c.request("GET", f"/metered/{1000 + i}")
         c.close()
-        spans = agent.traces.wait_for_port(server.port, 17)
+        spans = agent.traces.wait_for_port(server.port, 17, pid=server.pid)
         kernel = wait_until(lambda: agent.metric("sitsprobe_http_server_requests_total",
                                                  pid=server.pid) == 17 or None,
                             5, "the kernel request count")
@@ -281,7 +281,7 @@ def test_no_query_secret_leaves_the_agent(agent, tmp_path):
                     urllib.request.urlopen(url, timeout=5).read()
                 except urllib.error.HTTPError as e:  # nginx: 404, a response all the same
                     e.read()
-        spans = agent.traces.wait_for_port(server.port, 3) + agent.traces.wait_for_port(nginx.port, 3)
+        spans = agent.traces.wait_for_port(server.port, 3, pid=server.pid) + agent.traces.wait_for_port(nginx.port, 3, pid=nginx.pids)
         wait_until(lambda: len(agent.receiver.spans()) >= 6, 10, "the OTLP receiver's spans")
         scrape = agent.scrape()
     assert {s["attrs"]["url.query"] for s in spans} == {"api_key=REDACTED&token=REDACTED&mode=REDACTED"}

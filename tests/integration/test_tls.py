@@ -87,7 +87,7 @@ def _traced_past_the_capture(port: int, n: int) -> set[tuple[str, str]]:
 
 def check(agent, port: int, pid: int, tally: collections.Counter) -> None:
     total = sum(tally.values())
-    spans = agent.traces.wait_for_port(port, total, timeout=20)
+    spans = agent.traces.wait_for_port(port, total, timeout=20, pid=pid)
     got = collections.Counter((s["attrs"].get("url.path"), s["attrs"].get("http.response.status_code"))
                               for s in spans)
     assert got == tally, [s["name"] for s in spans]
@@ -129,7 +129,7 @@ def test_a_second_start_loads_the_tls_programs_the_first_compiled(certificate, t
             check(agent, nginx.port, nginx.workers[0], drive(nginx.port, ("/", "/missing"), 2, 5))
             # a traceparent past the bytes captured with a head: found by the tail call that scans it
             sent = _traced_past_the_capture(nginx.port, 3)
-            spans = agent.traces.wait_for_port(nginx.port, 10 + 3, timeout=20)
+            spans = agent.traces.wait_for_port(nginx.port, 10 + 3, timeout=20, pid=nginx.pids)
             assert sent <= {(s["traceId"], s.get("parentSpanId")) for s in spans}, sent
         said = (d / "agent.log").read_text()
         assert ("tls programs kept from an earlier start" in said) == (run == "second"), said
@@ -178,7 +178,7 @@ def test_http2_over_tls_is_framed_like_h2c(agent, certificate):
                 assert r.http_version == "HTTP/2"
                 tally[path, r.status_code] += 1
         check(agent, server.port, server.pid, tally)
-        spans = agent.traces.for_port(server.port)
+        spans = agent.traces.for_port(server.port, server.pid)
         assert {s["attrs"].get("network.protocol.version") for s in spans} == {"2"}
 
 
