@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import dataclasses
 import errno
+import functools
 import gzip
 import os
 import re
@@ -24,6 +25,7 @@ import tempfile
 from sitsprobe import tracefs
 
 from .compiler import short_kallsyms
+from .retry import soon
 
 SYSCALL_TP, NET_TP, KFUNC = "syscalls:sys_enter_getppid", "sock:inet_sock_set_state", "tcp_sendmsg"
 # kind -> (how bcc attaches it, its arguments, what that is in words)
@@ -145,14 +147,18 @@ def _trigger() -> None:
 
 def _load(BPF, **kw):
     """``BPF(**kw)``, freeing what bcc made when it fails half way (bcc keeps
-    even a half-built object alive for atexit, with its maps open)."""
-    b = BPF.__new__(BPF)
-    try:
-        short_kallsyms(lambda: b.__init__(**kw))
-    except Exception:
-        _close(b)
-        raise
-    return b
+    even a half-built object alive for atexit, with its maps open), and tried
+    again while the kernel refuses it for the moment: the answer is kept for
+    the boot, so a refusal for the moment must not stand as a missing hook."""
+    def once():
+        b = BPF.__new__(BPF)
+        try:
+            short_kallsyms(lambda: b.__init__(**kw))
+        except Exception:
+            _close(b)
+            raise
+        return b
+    return soon(once, "a test program of the kernel probe")
 
 
 def _close(b) -> None:
@@ -179,7 +185,8 @@ def _probe_main(BPF, root: str) -> dict[str, Capability]:
             with _quiet() as noise:
                 try:
                     pid = {"pid": os.getpid()} if kind == "uprobe" else {}
-                    getattr(b, method)(fn_name=f"on_{kind}", **args, **pid)
+                    soon(functools.partial(getattr(b, method), fn_name=f"on_{kind}", **args, **pid),
+                         f"the kernel probe's test program on {target}")
                     continue
                 except Exception as e:
                     err = e
@@ -216,7 +223,8 @@ def _probe_ringbuf(BPF) -> Capability:
     except Exception as e:
         return _failed("ringbuf", "creating a BPF_RINGBUF_OUTPUT map", e, noise)
     try:
-        b.attach_tracepoint(tp=SYSCALL_TP, fn_name="on_getppid")
+        soon(lambda: b.attach_tracepoint(tp=SYSCALL_TP, fn_name="on_getppid"),
+             f"the kernel probe's ring buffer program on {SYSCALL_TP}")
         b["events"].open_ring_buffer(lambda _ctx, _data, size: got.append(size))
         os.getppid()
         b.ring_buffer_poll(100)

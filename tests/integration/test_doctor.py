@@ -224,3 +224,39 @@ def test_a_probe_aside_that_fails_is_probed_here_and_said(monkeypatch, caplog, t
         caps = aside.result()
     assert "probing here" in caplog.text and "exit status 1" in caplog.text
     assert set(caps) == {"btf", *capability.KINDS["main"]} and caps["syscall_tracepoint"].ok
+
+
+def test_a_test_program_the_kernel_refused_for_the_moment_is_tried_again(outcome, monkeypatch, caplog):
+    """The probe's answer is kept for the boot (probes.probe_aside), so a
+    refusal for the moment (EAGAIN, as bcc words it) of a test program's
+    compile, or of the load inside each attach, must not stand as a hook this
+    kernel lacks: each is tried again, and the answer is the doctor's."""
+    import errno
+    import logging
+
+    from sitsprobe.probes import retry
+
+    monkeypatch.setattr(retry, "SOON_S", (0.01,))
+    refusal = os.strerror(errno.EAGAIN)
+    compiles, loads = [], set()
+    real_init, real_load = BPF.__init__, BPF.load_func
+
+    def init(self, *a, **kw):
+        compiles.append(kw.get("text", "")[:40])
+        if len(compiles) % 2:  # every compile's first try
+            raise Exception(f"Failed to compile BPF module <text>: {refusal}")
+        real_init(self, *a, **kw)
+
+    def load_func(self, name, *a, **kw):
+        if name not in loads:
+            loads.add(name)
+            raise Exception(f"Failed to load BPF program {name!r}: {refusal}")
+        return real_load(self, name, *a, **kw)
+    monkeypatch.setattr(BPF, "__init__", init)
+    monkeypatch.setattr(BPF, "load_func", load_func)
+    with caplog.at_level(logging.INFO, logger="sitsprobe"):
+        caps = capability.probe_all(only=("main", "ringbuf"))
+    said = outcome[0]["capabilities"]
+    assert {k: c.ok for k, c in caps.items()} == {k: said[k]["ok"] for k in caps}
+    assert len(compiles) == 4 and {b"on_syscall_tracepoint", b"on_uprobe", b"on_getppid"} <= loads
+    assert sum("refused" in m and "for the moment" in m for m in caplog.messages) >= 2 + len(loads)
