@@ -254,7 +254,7 @@ class RequestMetrics:
                                        labels=(*W, "protocol"))
         unframed = CounterMetricFamily(UNFRAMED_EXCHANGES,
                                        "Exchanges no protocol framed, by what they look like "
-                                       "(tls, http2, unknown): never in the HTTP metrics",
+                                       "(tls, http2, websocket, unknown): never in the HTTP metrics",
                                        labels=(*W, "protocol"))
         if self.bins is not None:
             self.take_bins(self.bins)

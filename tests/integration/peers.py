@@ -18,6 +18,8 @@ bytes each connection received, exactly as read, to DIR/conn-N.raw.
   POST /v1/chat/completions       (uvicorn) a fixed OpenAI chat completion; with
                                   "stream": true and ?events=N (both servers), N
                                   OpenAI chunks and [DONE], a write each, at once
+  GET  /ws                        a WebSocket that echoes each message (uvicorn:
+                                  through wsproto)
 
 `status_locations` gives nginx one location per status.
 """
@@ -66,7 +68,7 @@ def sse_schedule(query) -> tuple[float, list[float]]:
 def starlette_app():
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
-    from starlette.routing import Route
+    from starlette.routing import Route, WebSocketRoute
 
     async def sse(request):
         first, gaps = sse_schedule(request.query_params)
@@ -101,9 +103,17 @@ def starlette_app():
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def echo(ws):
+        await ws.accept()
+        while (msg := await ws.receive())["type"] == "websocket.receive":
+            if msg.get("text") is not None:
+                await ws.send_text(msg["text"])
+            else:
+                await ws.send_bytes(msg["bytes"])
+
     return Starlette(routes=[
         Route("/sse", sse), Route("/json/{rest:path}", as_json), Route("/status/{code:int}", status),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]), WebSocketRoute("/ws", echo),
     ])
 
 
@@ -133,7 +143,7 @@ def serve_uvicorn(sock: socket.socket, record: str | None, tls: list[str] | None
     import uvicorn
 
     config = uvicorn.Config(starlette_app(), log_level="warning", access_log=False, lifespan="off",
-                            http=recording_protocol(record) if record else "auto",
+                            http=recording_protocol(record) if record else "auto", ws="wsproto",
                             **({"ssl_certfile": tls[0], "ssl_keyfile": tls[1]} if tls else {}))
     uvicorn.Server(config).run(sockets=[sock])
 
@@ -172,7 +182,18 @@ def aiohttp_app():
         await resp.write_eof()
         return resp
 
+    async def echo(request):
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.type == web.WSMsgType.TEXT:
+                await ws.send_str(msg.data)
+            elif msg.type == web.WSMsgType.BINARY:
+                await ws.send_bytes(msg.data)
+        return ws
+
     app = web.Application()
+    app.router.add_get("/ws", echo)
     app.router.add_post("/v1/chat/completions", chat_stream)
     app.router.add_get("/sse", sse)
     app.router.add_get("/json/{rest:.*}", as_json)

@@ -1,6 +1,8 @@
 """Stitcher: kernel exchanges -> Requests through their protocol, without a kernel."""
 from __future__ import annotations
 
+import random
+
 from sitsprobe.abi import CF_CLIENT
 from sitsprobe.events import (CF_CHUNK_END, CF_MISSED, CF_TCP, CF_TUPLE, END_CLOSE, END_FLUSH,
                               END_NEXT, END_RESPONSE, Exchange)
@@ -109,6 +111,54 @@ def test_what_no_protocol_frames_is_named_for_what_it_looks_like():
     # a TLS connection's end is no error: without framing there is no telling
     closed = exchange(req=app, answered=False, reason=END_CLOSE, status=0)
     assert not stitcher().on_exchange(closed)[0].is_error
+
+
+def test_websocket_frames_after_an_upgrade_are_named_websocket():
+    """Frames as wsproto (a WebSocket implementation no one here wrote) makes
+    them, each side as it must: the client's masked, the server's not; long
+    lengths, control frames, a message compressed by permessage-deflate (RSV1)
+    and a fragmented one, and a cut frame whose start is all there is."""
+    from wsproto.extensions import PerMessageDeflate
+    from wsproto.frame_protocol import FrameProtocol
+
+    def sides(deflate: bool = False) -> tuple[FrameProtocol, FrameProtocol]:
+        if not deflate:
+            return FrameProtocol(client=True, extensions=[]), FrameProtocol(client=False, extensions=[])
+        client, server = PerMessageDeflate(), PerMessageDeflate()
+        server.accept(client.offer())  # what the handshake would agree
+        return FrameProtocol(client=True, extensions=[client]), FrameProtocol(client=False, extensions=[server])
+
+    c, s = sides()
+    z, zs = sides(deflate=True)
+    framed = [
+        (c.send_data("hello"), s.send_data("echo:hello")),
+        (c.send_data(b"x" * 300), s.send_data(b"y" * 70_000)),  # 16- and 64-bit lengths
+        (c.ping(b"p") + c.send_data("a", fin=False) + c.send_data("b"), s.pong(b"p") + s.send_data("ab")),
+        (c.close(1000, "bye"), s.close(1000)),
+        (z.send_data("compress me " * 20), zs.send_data("and me " * 20)),
+        (c.send_data(b"z" * 70_000)[:6], b""),  # the length cut short by the capture
+        (b"", s.send_data("pushed")),  # the server speaking first
+    ]
+    for req, resp in framed:
+        (r,) = stitcher().on_exchange(exchange(req=req, resp=resp, status=0))
+        assert (r.protocol, r.method, r.complete) == ("websocket", None, True), (req[:8], resp[:8])
+    wrong_way = [
+        (s.send_data("hello"), s.send_data("x")),  # the client's frames unmasked
+        (c.send_data("hello"), c.send_data("x")),  # the server's masked
+        (b"\x83\x80\x00\x00\x00\x00", b"\x81\x00"),  # opcode 3 is reserved
+        (b"\x89\xfe\x00\x80" + b"\x00" * 132, b"\x8a\x00"),  # a ping longer than 125 bytes
+        (b"\x09\x80\x00\x00\x00\x00", b"\x8a\x00"),  # a ping in fragments
+        (b"\xa1\x80\x00\x00\x00\x00", b"\x81\x00"),  # RSV2 with no extension for it
+        (c.send_data("hello") + b"\x00\x01\x02", b"\x81\x00"),  # a second frame unmasked
+    ]
+    for req, resp in wrong_way:
+        (r,) = stitcher().on_exchange(exchange(req=req, resp=resp, status=0))
+        assert r.protocol == "unknown", (req[:8], resp[:8])
+    rnd = random.Random(6455)  # any bytes at all: named, never raised on
+    for _ in range(3000):
+        req, resp = (bytes([rnd.choice((0x81, 0x82, 0x88, 0x01))]) + rnd.randbytes(rnd.randint(0, 40))
+                     for _ in range(2))
+        assert stitcher().on_exchange(exchange(req=req, resp=resp, status=0))[0].protocol in opaque.NAMES
 
 
 def test_resp_is_framed_as_redis_commands():

@@ -11,6 +11,11 @@ missed is recognised all the same):
           (each of the first frames captured well formed: a known type, a
           length within the default maximum and one its type can have, on
           the stream its type must be on)
+  websocket  RFC 6455 frames, as a connection carries them once an HTTP
+          request's 101 Switching Protocols upgraded it: the client's masked
+          and the server's not (each of the first frames captured well formed:
+          a known opcode, no reserved bit but compression's, a control frame
+          whole and short). The upgrade itself is an HTTP/1.1 request.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from ...events import Exchange
 from ...request import Request
 from .common import end_ns, transport
 
-NAMES = ("tls", "http2", "unknown")
+NAMES = ("tls", "http2", "websocket", "unknown")
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _TLS_MAX_RECORD = (1 << 14) + 2048  # TLSCiphertext.length at most
 _H2_MAX_FRAME = 1 << 14  # SETTINGS_MAX_FRAME_SIZE's initial value
@@ -59,6 +64,31 @@ def _h2_frames(b: bytes, most: int = 4) -> bool:
     return pos > 0
 
 
+_WS_OPCODES = frozenset({0, 1, 2, 8, 9, 10})  # continuation, text, binary; close, ping, pong
+_WS_CONTROL = 8  # opcodes from 8 on: whole (FIN) and at most 125 bytes
+_WS_RESERVED = 0x30  # RSV2, RSV3: no extension in use sets them (RSV1: permessage-deflate)
+
+
+def _ws_frames(b: bytes, masked: bool, most: int = 4) -> bool:
+    """The first frames the bytes hold (up to ``most``) are each well formed,
+    masked as the side that sent them must: a client always, a server never."""
+    pos, seen = 0, 0
+    while pos + 2 <= len(b) and seen < most:
+        first, second = b[pos], b[pos + 1]
+        opcode, length = first & 0x0F, second & 0x7F
+        if opcode not in _WS_OPCODES or first & _WS_RESERVED or bool(second & 0x80) != masked \
+                or (opcode >= _WS_CONTROL and (not first & 0x80 or length > 125)):
+            return False
+        seen += 1
+        size = {126: 2, 127: 8}.get(length, 0)
+        if pos + 2 + size > len(b):
+            break  # its length cut by the capture: its start is good
+        if size:
+            length = int.from_bytes(b[pos + 2:pos + 2 + size], "big")
+        pos += 2 + size + 4 * masked + length
+    return seen > 0
+
+
 def name_of(ex: Exchange) -> str:
     req, resp = ex.req, ex.resp
     if _tls_record(req) or (not req and _tls_record(resp)):
@@ -67,6 +97,8 @@ def name_of(ex: Exchange) -> str:
         return "http2"
     if (req or resp) and (not req or _h2_frames(req)) and (not resp or _h2_frames(resp)):
         return "http2"  # frames both ways; or one way: the server's SETTINGS, sent first
+    if (req or resp) and (not req or _ws_frames(req, True)) and (not resp or _ws_frames(resp, False)):
+        return "websocket"
     return "unknown"
 
 
