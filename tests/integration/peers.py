@@ -2,12 +2,13 @@
 aiohttp and nginx, as their users run them.
 
     python peers.py uvicorn|aiohttp --tag sitsprobe-testserver [--name COMM] [--record DIR]
-                    [--tls CERT KEY]
+                    [--tls CERT KEY] [--host ADDRESS]
 
 prints its port on stdout's first line, then serves until killed. Its argv
-carries the tag so the agent selects it by command line; --name sets the
-process's comm (what the agent's `process` label shows), so each server's
-metrics can be told apart from the others'. --record (uvicorn) appends the
+carries the tag so the agent selects it by command line; it listens on
+127.0.0.1, or on --host (``::``: IPv6 and IPv4 both, the latter mapped).
+--name sets the process's comm (what the agent's `process` label shows), so
+each server's metrics can be told apart from the others'. --record (uvicorn) appends the
 bytes each connection received, exactly as read, to DIR/conn-N.raw.
 
   GET  /sse?first=S&gaps=A,B,...  text/event-stream: headers at once, the first
@@ -230,12 +231,15 @@ def main() -> None:
     ap.add_argument("--name", help="the process's comm (15 bytes at most)")
     ap.add_argument("--record", help="uvicorn: append each connection's received bytes under this folder")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="uvicorn: serve HTTPS")
+    ap.add_argument("--host", default="127.0.0.1", help="the address to listen on (:: is dual-stack)")
     a = ap.parse_args()
     if a.name:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_NAME, a.name.encode()[:15], 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), f"prctl(PR_SET_NAME, {a.name!r})")
-    sock = socket.create_server(("127.0.0.1", 0), backlog=256)
+    v6 = ":" in a.host
+    sock = socket.create_server((a.host, 0), backlog=256, family=socket.AF_INET6 if v6 else socket.AF_INET,
+                                dualstack_ipv6=a.host == "::")
     sock.setblocking(False)
     print(sock.getsockname()[1], flush=True)
     if a.server == "uvicorn":
