@@ -65,9 +65,11 @@ def export_all(exporter: TraceExporter, *reqs: Request) -> None:
 
 
 def file_spans(path) -> list[tuple[dict, dict]]:
-    """(resource attributes, span) for every span in an OTLP/JSON lines file."""
+    """(resource attributes, span) for every span in an OTLP/JSON lines file,
+    in the lines written whole so far (the sink's thread may be mid-line)."""
     out = []
-    for line in path.read_text().splitlines():
+    text = path.read_text()
+    for line in text[:text.rfind("\n") + 1].splitlines():
         for rs in json.loads(line)["resourceSpans"]:
             res = {a["key"]: a["value"] for a in rs["resource"]["attributes"]}
             out += [(res, span) for ss in rs["scopeSpans"] for span in ss["spans"]]
