@@ -42,6 +42,17 @@ struct uiovec {
     __u64 len;
 };
 
+/* v = min(v, most), in a register the compiler may not fold the test away
+ * from (libbpf's barrier_var): the verifier sees the bound on the very
+ * value the helper gets. */
+#define BOUND(v, most)                                   \
+    do {                                                 \
+        asm volatile("" : "=r"(v) : "0"(v));             \
+        if ((v) > (most))                                \
+            (v) = (most);                                \
+        asm volatile("" : "=r"(v) : "0"(v));             \
+    } while (0)
+
 /* CONN_BY_STATE (the socket tier, where the kernel's BTF gives struct sock's
  * family and type and struct unix_sock's address): no syscall tracepoint at all. An enabled one sends every
  * syscall of every task on the node through the kernel's tracing slow path
@@ -302,19 +313,26 @@ static __always_inline int enter(__u32 fd, const void *ptr, __u32 kind)
     return 0;
 }
 
+/* A vectored call's array of entries (readv/writev, recvmsg/sendmsg); 0 for a flat one. */
+static __always_inline __u64 iov_array(struct args *a)
+{
+    __u64 iovp = a->ptr;
+    __u32 kind = a->kind & 0xff;
+    if (kind == K_MSG) /* struct user_msghdr: msg_iov at offset 16 */
+        read_user(&iovp, sizeof(iovp), (void *)(a->ptr + 16));
+    return kind == K_IOV || kind == K_MSG ? iovp : 0;
+}
+
 /* The first user buffer of a call and its length (iov[0] for vectored calls). */
 static __always_inline __u64 first_buffer(struct args *a, __u64 *len)
 {
     struct uiovec iov = {};
-    __u64 iovp = a->ptr;
-    __u32 kind = a->kind & 0xff;
-    if (kind == K_FLAT) {
+    if ((a->kind & 0xff) == K_FLAT) {
         *len = (__u64)-1;
         return a->ptr;
     }
-    if (kind == K_MSG) /* struct user_msghdr: msg_iov at offset 16 */
-        read_user(&iovp, sizeof(iovp), (void *)(a->ptr + 16));
-    if (kind != K_IOV && kind != K_MSG)
+    __u64 iovp = iov_array(a);
+    if (!iovp)
         return 0;
     read_user(&iov, sizeof(iov), (void *)iovp);
     *len = iov.len;
@@ -567,6 +585,24 @@ static __always_inline void tail_append(__u8 *ring, __u32 *pos, __u64 buf, __u64
     *pos += n;
 }
 
+/* A vectored write's bytes appended, entry by entry, from its first
+ * TAIL_IOVS (nginx writes a chunk as three: its size line, its data, its
+ * CRLF; the last chunk as a fourth): the response's last bytes are the last
+ * bytes of its last entries, not of its first. */
+#define TAIL_IOVS 16
+static __always_inline void tail_append_iov(__u8 *ring, __u32 *pos, __u64 iovp, __u64 n)
+{
+#pragma unroll
+    for (int i = 0; i < TAIL_IOVS; i++) {
+        struct uiovec iov = {};
+        if (!n || read_user(&iov, sizeof(iov), (void *)(iovp + i * sizeof(iov))))
+            break;
+        __u64 take = iov.len < n ? iov.len : n;
+        tail_append(ring, pos, iov.base, take);
+        n -= take;
+    }
+}
+
 /* Copy the first bytes of the request body, from buf. */
 static __always_inline void body_copy(struct body *b, __u64 buf, __u64 n)
 {
@@ -600,8 +636,11 @@ static __always_inline void start_body(struct conn *c, __u64 key, int whole)
 struct beat_state {
     struct beat b; /* all but peek and peek_len */
     __u32 index;  /* which of its response's writes, from 1 */
-    __u64 buf;
-    __u64 n;      /* bytes of buf written; 0: no beat pending */
+    __u64 buf;    /* a flat write's; 0 for a vectored one */
+    __u64 iovp;   /* a vectored write's entries: its peek is gathered from them */
+    __u64 iov_off; /* ... and where its lines' count goes on: this byte of */
+    __u32 iov_i;   /* this entry */
+    __u64 n;      /* bytes written (of buf); 0: no beat pending */
     __u64 window; /* the last bytes counted, newest lowest */
 };
 NET_MAP("percpu_array", int, struct beat_state, beat_states, 1);
@@ -617,7 +656,7 @@ NET_MAP("array", int, __u64, beats_read, 1);
 #define FIRST_WRITES 4
 
 static __always_inline void beat(struct conn *c, struct body *b, __u64 ts_ns, __u64 buf,
-                                 __u64 len, long ret)
+                                 __u64 len, __u64 iovp, long ret)
 {
     int zero = 0;
     struct beat_state *st = beat_states.lookup(&zero);
@@ -632,9 +671,53 @@ static __always_inline void beat(struct conn *c, struct body *b, __u64 ts_ns, __
     st->b.data_lines = st->b.json_lines = st->b.scanned = 0;
     st->index = b->writes;
     st->window = '\n'; /* the write begins a line */
-    st->buf = buf;
-    st->n = ret < len ? ret : len;
+    st->buf = iovp ? 0 : buf;
+    st->iovp = iovp;
+    st->iov_i = st->iov_off = 0;
+    st->n = iovp || ret < len ? ret : len;
 }
+
+/* Scratch for a write's bytes gathered from its entries (a vectored write:
+ * nginx writes a chunk as three, its size line, its data, its CRLF) and for
+ * the lines counted of any: twice the most copied at once, since an entry's
+ * copy may begin anywhere below that and be as long (the verifier bounds
+ * each apart). */
+#define GATHER_MOST (PEEK_CAP > SCAN_CHUNK ? PEEK_CAP : SCAN_CHUNK)
+struct gather_buf {
+    __u8 b[2 * GATHER_MOST];
+};
+NET_MAP("percpu_array", int, struct gather_buf, gather_bufs, 1);
+
+/* Up to `want` (at most `most`) bytes of a vectored call's entries from entry
+ * *i's byte *off on, from GATHER_IOVS entries at most, into `to`; how many.
+ * *i and *off move past them. */
+#define GATHER_IOVS 8
+static __always_inline __u64 gather(__u64 iovp, __u32 *i, __u64 *off, __u8 *to, __u64 want,
+                                    const __u64 most)
+{
+    __u64 at = 0;
+#pragma unroll
+    for (int k = 0; k < GATHER_IOVS; k++) {
+        struct uiovec iov = {};
+        if (at >= want || read_user(&iov, sizeof(iov), (void *)(iovp + *i * sizeof(iov))))
+            break;
+        __u64 n = iov.len > *off ? iov.len - *off : 0, o = at;
+        if (n > want - at)
+            n = want - at;
+        BOUND(n, most);
+        BOUND(o, most);
+        if (n && read_user(to + o, n, (void *)(iov.base + *off)))
+            break;
+        at += n;
+        *off += n;
+        if (*off >= iov.len) {
+            *i += 1;
+            *off = 0;
+        }
+    }
+    return at;
+}
+
 
 /* Count the event lines of the next SCAN_CHUNK bytes of a write longer than
  * its peek; 1 while more are to be counted. The verifier follows a loop only
@@ -643,14 +726,18 @@ static __always_inline void beat(struct conn *c, struct body *b, __u64 ts_ns, __
 static __always_inline int count_chunk(struct beat_state *st)
 {
     int zero = 0;
-    struct scan_buf *s = scan_bufs.lookup(&zero);
+    struct gather_buf *s = gather_bufs.lookup(&zero);
     __u64 off = st->b.scanned;
-    if (!s || !st->buf || st->n <= PEEK_CAP || off >= st->n || off >= WRITE_SCAN)
+    if (!s || !(st->buf || st->iovp) || st->n <= PEEK_CAP || off >= st->n || off >= WRITE_SCAN)
         return 0;
     __u64 want = st->n - off;
     if (want > SCAN_CHUNK)
         want = SCAN_CHUNK;
-    if (read_user(s->b, want, (void *)(st->buf + off)))
+    if (st->iovp)
+        want = gather(st->iovp, &st->iov_i, &st->iov_off, s->b, want, SCAN_CHUNK);
+    else if (read_user(s->b, want, (void *)(st->buf + off)))
+        return 0;
+    if (!want)
         return 0;
     __u64 w = st->window;
     __u32 data = 0, json = 0;
@@ -676,7 +763,7 @@ static __always_inline int send_beat_(void *ctx, int user)
         return 0;
     if (count_chunk(st))
         tail(ctx, user, 1); /* the next chunk; if the call failed, send what is counted */
-    __u64 n = st->n, buf = st->buf;
+    __u64 n = st->n, buf = st->buf, iovp = st->iovp;
     st->n = 0;
     __u64 *sent = beats_sent.lookup(&zero), *read = beats_read.lookup(&zero);
     if (!sent || !read || *sent - *read >= (st->index <= FIRST_WRITES ? BEAT_EIGHTHS(6) : BEAT_EIGHTHS(5))) {
@@ -694,6 +781,14 @@ static __always_inline int send_beat_(void *ctx, int user)
     e->peek_len = 0;
     if (buf && peek && read_user(e->peek, peek, (void *)buf) == 0)
         e->peek_len = peek;
+    else if (iovp && peek) { /* gathered from the write's entries */
+        struct gather_buf *s = gather_bufs.lookup(&zero);
+        __u32 i = 0;
+        __u64 off = 0;
+        peek = s ? gather(iovp, &i, &off, s->b, peek, PEEK_CAP) : 0;
+        if (s && peek && bpf_probe_read_kernel(e->peek, PEEK_CAP, s->b) == 0)
+            e->peek_len = peek;
+    }
     exchanges.ringbuf_submit(e, wake(0, sizeof(struct beat)));
     return 0;
 }
@@ -895,9 +990,12 @@ static __always_inline int keep_payload_(void *ctx, int user)
             body_copy(b, buf, n);
         if (b && ops & P_REQ_TAIL && buf)
             tail_append(b->req_tail, &b->req_tail_pos, buf, n);
+        __u64 iovp = ops & (P_BEAT | P_RESP_TAIL) ? iov_array(&ps->a) : 0;
         if (b && ops & P_BEAT)
-            beat(c, b, ps->a.enter_ns, buf, len, ps->ret);
-        if (b && ops & P_RESP_TAIL && buf)
+            beat(c, b, ps->a.enter_ns, buf, len, iovp, ps->ret);
+        if (b && ops & P_RESP_TAIL && iovp)
+            tail_append_iov(b->resp_tail, &b->resp_tail_pos, iovp, ps->ret);
+        else if (b && ops & P_RESP_TAIL && buf)
             tail_append(b->resp_tail, &b->resp_tail_pos, buf, n);
     }
     tails(ctx, user); /* what else the call asked for: the head's scan, the write's event */
@@ -1066,17 +1164,6 @@ static __always_inline void link_exchange(struct conn *c, __u64 key)
         serving_proc.update(&tgid, &me); /* its caller is looked for when it answers (on_send) */
     }
 }
-
-/* v = min(v, most), in a register the compiler may not fold the test away
- * from (libbpf's barrier_var): the verifier sees the bound on the very
- * value the helper gets. */
-#define BOUND(v, most)                                   \
-    do {                                                 \
-        asm volatile("" : "=r"(v) : "0"(v));             \
-        if ((v) > (most))                                \
-            (v) = (most);                                \
-        asm volatile("" : "=r"(v) : "0"(v));             \
-    } while (0)
 
 /* A TLS handshake record (a ClientHello) begins the connection, in a process
  * whose TLS library is hooked (`tls_procs`, filled by userspace). */

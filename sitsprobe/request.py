@@ -126,7 +126,7 @@ class GenAI(NamedTuple):
     or told by the engine's markers; one shape, so both give the same
     attributes. Times are CLOCK_MONOTONIC ns; None: not known. A NamedTuple:
     reading a stream revises it a few times, and _replace costs a quarter of
-    what dataclasses.replace does on these 21 fields."""
+    what dataclasses.replace does on these 23 fields."""
 
     source: str  # "wire" or "markers" (the markers' numbers win where both exist)
     operation: str | None = None  # gen_ai.operation.name: chat, text_completion, embeddings
@@ -149,6 +149,8 @@ class GenAI(NamedTuple):
     answer_empty: bool | None = None  # no output at all (None: could not tell)
     json_requested: bool = False  # response_format asked for JSON
     json_valid: bool | None = None  # ... and the answer parsed (None: not asked, or not all seen)
+    content_encoding: str | None = None  # the response body's (gzip, ...): read decoded where it can be
+    stream_ended: bool = False  # the stream's own end was sent: [DONE], or its API's last event
 
 
 @dataclass(frozen=True, slots=True)

@@ -328,6 +328,7 @@ def _gen_ai(req: Request) -> dict:
         "sitsprobe.genai.events_approximate": True if g.events_approximate else None,
         "sitsprobe.genai.answer_empty": g.answer_empty,
         "sitsprobe.genai.json_valid": g.json_valid,
+        "sitsprobe.genai.content_encoding": g.content_encoding,
     }
 
 

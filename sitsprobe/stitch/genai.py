@@ -28,7 +28,12 @@ event if it looks like one. Where the bytes leave a choice:
   tokens (``counted_events``);
 * ``error_type`` comes from an error body (:func:`.genai_shapes.error_of`) or
   an error event in a stream; a 4xx/5xx whose body does not say (or was not
-  seen) has its status code; ``answer_empty`` and ``json_valid`` are None then.
+  seen) has its status code; ``answer_empty`` and ``json_valid`` are None then;
+* a body sent gzip- or deflate-encoded (a gateway's compression, asked for by
+  the clients' ``Accept-Encoding``) is read as it was before, from its start to
+  the first bytes not seen (an encoded stream cannot be entered in the
+  middle), at most ``MAX_JSON`` bytes of it; ``content_encoding`` names the
+  encoding. Another (br, zstd) leaves the body unread but for its status.
 
 :func:`read` never raises on any bytes, and its work is bounded by what the
 kernel kept: each byte is scanned a fixed number of times, a JSON parse is
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import zlib
 from itertools import repeat
 from operator import itemgetter, sub
 from typing import NamedTuple
@@ -147,22 +153,30 @@ def _join(prefix: bytes, tail: bytes, total: int | None) -> bytes | None:
 def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bool) -> GenAI:
     p, head = _final_response(p)
     status = head.status if head else req.status
-    if (quick := _chunk_each(p.writes, head)) is not None:
+    encoding = _encoding(head)
+    decoded = True
+    if encoding is None and (quick := _chunk_each(p.writes, head)) is not None:
         events, chunks_ended, kind = quick
     else:
         pieces, chunks_ended = _body(p, head)
+        if encoding is not None:
+            g = g._replace(content_encoding=encoding)
+            pieces, decoded = _decoded(pieces, encoding)
+            if not pieces and not decoded:  # nothing readable: only the status says anything
+                return g._replace(error_type=str(status) if (status or 0) >= 400 else None)
         kind = _kind(head, pieces, shape, asked_stream, status)
         if kind == "json":
             return _whole(req, p, shape, g, head, status, pieces)
         events = _events(pieces, kind)
     g, ended = _stream(shape, g, events, status)
-    g, unsure = _unseen_events(g, p, events, kind, shape)
-    tail = _tail_text(p.response_tail)
+    g, unsure = _unseen_events(g, p, events, kind, shape) if encoding is None else (g, not decoded)
+    tail = _tail_text(p.response_tail) if encoding is None else b""
     approximate = p.writes_total > len(p.writes) or unsure
-    sure = not approximate and g.error_type is None and (ended or chunks_ended or b"[DONE]" in tail)
+    ended = ended or b"[DONE]" in tail
+    sure = not approximate and g.error_type is None and (ended or chunks_ended)
     empty = False if g.content_events else True if sure else None
-    g = _fill(g._replace(events_approximate=approximate, answer_empty=empty), shape, tail,
-              "stream_usage")
+    g = _fill(g._replace(events_approximate=approximate, answer_empty=empty, stream_ended=ended), shape,
+              tail, "stream_usage")
     if g.usage_source is None and g.events and (g.content_events or not approximate):
         g = g._replace(output_tokens=g.content_events, usage_source="counted_events")
     return g
@@ -224,6 +238,48 @@ def _closing_events(tail: bytes, kind: str, shape: Shape) -> int:
             break
         n += 1
     return n
+
+
+# Content-Encoding -> zlib's wbits for it: gzip's header, or zlib's (deflate as
+# RFC 9110 has it; a raw deflate stream, as some servers send, is tried after)
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def _encoding(head: ResponseHead | None) -> str | None:
+    """The body's Content-Encoding (lower case); None: none, or identity."""
+    enc = head.headers.get("content-encoding", "").strip().lower() if head is not None else ""
+    return None if enc in ("", "identity") else label(enc, MAX_NAME)
+
+
+def _decoded(pieces: list[_Piece], encoding: str) -> tuple[list[_Piece], bool]:
+    """The body's pieces as they were before ``encoding`` (gzip, deflate), each
+    at the time of the write that brought it, from the first to the first
+    after a gap, at most MAX_JSON bytes in all; and whether that was the whole
+    body. An encoding not undone here, or bytes that do not inflate: nothing
+    (or what came before them), and False."""
+    wbits = _WBITS.get(encoding)
+    if wbits is None or not pieces or pieces[0].gap:
+        return [], False
+    out, left, d = [], shapes.MAX_JSON, zlib.decompressobj(wbits)
+    for i, pc in enumerate(pieces):
+        if pc.gap:
+            return out, False
+        try:
+            data = d.decompress(pc.data, left)
+        except zlib.error:
+            if i or wbits != zlib.MAX_WBITS:
+                return out, False
+            wbits, d = -zlib.MAX_WBITS, zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate
+            try:
+                data = d.decompress(pc.data, left)
+            except zlib.error:
+                return [], False
+        if data:
+            out.append(_Piece(pc.ts_ns, data, False))
+            left -= len(data)
+        if d.unconsumed_tail or not left:
+            return out, False  # past MAX_JSON
+    return out, d.eof
 
 
 def _final_response(p: Payload) -> tuple[Payload, ResponseHead | None]:
@@ -517,10 +573,15 @@ def _whole(req: Request, p: Payload, shape: Shape, g: GenAI, head, status,
     obj = None
     if rh is not None and rh.head_size:
         body = raw[rh.head_size:]
-        obj = loads(b"".join(pc.data for pc in _dechunk([(0, body, 0, False)])[0])
-                    if rh.chunked else body)
-    if obj is None:
-        text = b"\n\x00\n".join([pc.data for pc in pieces] + [_tail_text(p.response_tail)])
+        if rh.chunked:
+            body = b"".join(pc.data for pc in _dechunk([(0, body, 0, False)])[0])
+        if g.content_encoding is not None:
+            plain, whole = _decoded([_Piece(0, body, False)], g.content_encoding)
+            body = b"".join(pc.data for pc in plain) if whole else b""
+        obj = loads(body)
+    if obj is None:  # an encoded tail cannot be read alone
+        tail = _tail_text(p.response_tail) if g.content_encoding is None else b""
+        text = b"\n\x00\n".join([pc.data for pc in pieces] + [tail])
         g = _fill(g._replace(error_type=str(status) if (status or 0) >= 400 else None), shape,
                   text, "body")
     elif (error := shapes.error_of(obj, status)) is not None or (status or 0) >= 400:

@@ -2,14 +2,16 @@
 aiohttp and nginx, as their users run them.
 
     python peers.py uvicorn|aiohttp --tag sitsprobe-testserver [--name COMM] [--record DIR]
-                    [--tls CERT KEY] [--host ADDRESS]
+                    [--tls CERT KEY] [--host ADDRESS] [--gzip MIN]
 
 prints its port on stdout's first line, then serves until killed. Its argv
 carries the tag so the agent selects it by command line; it listens on
 127.0.0.1, or on --host (``::``: IPv6 and IPv4 both, the latter mapped).
 --name sets the process's comm (what the agent's `process` label shows), so
 each server's metrics can be told apart from the others'. --record (uvicorn) appends the
-bytes each connection received, exactly as read, to DIR/conn-N.raw.
+bytes each connection received, exactly as read, to DIR/conn-N.raw. --gzip
+(uvicorn) compresses responses of MIN bytes or more through Starlette's
+GZipMiddleware, for the clients that accept it (their Accept-Encoding).
 
   GET  /sse?first=S&gaps=A,B,...  text/event-stream: headers at once, the first
                                   event S seconds later, then one event after
@@ -19,6 +21,8 @@ bytes each connection received, exactly as read, to DIR/conn-N.raw.
   POST /v1/chat/completions       (uvicorn) a fixed OpenAI chat completion; with
                                   "stream": true and ?events=N (both servers), N
                                   OpenAI chunks and [DONE], a write each, at once
+                                  (uvicorn: or &gap=S seconds apart; &linger=S
+                                  between [DONE] and the body's end)
   GET  /ws                        a WebSocket that echoes each message (uvicorn:
                                   through wsproto)
 
@@ -99,8 +103,12 @@ def starlette_app():
             return JSONResponse(COMPLETION)
 
         async def events():
-            for chunk in chunks(int(request.query_params["events"])):
+            gap, linger = (float(request.query_params.get(k, 0)) for k in ("gap", "linger"))
+            for i, chunk in enumerate(chunks(int(request.query_params["events"]))):
+                if i:  # not after the last: a client may hang up once it has [DONE]
+                    await asyncio.sleep(gap)
                 yield chunk
+            await asyncio.sleep(linger)  # ... as the openai client does: before the stream's end
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -140,10 +148,13 @@ def recording_protocol(directory: str):
     return Recording
 
 
-def serve_uvicorn(sock: socket.socket, record: str | None, tls: list[str] | None = None) -> None:
+def serve_uvicorn(sock: socket.socket, record: str | None, tls: list[str] | None = None,
+                  gzip: int | None = None) -> None:
     import uvicorn
+    from starlette.middleware.gzip import GZipMiddleware
 
-    config = uvicorn.Config(starlette_app(), log_level="warning", access_log=False, lifespan="off",
+    app = starlette_app() if gzip is None else GZipMiddleware(starlette_app(), minimum_size=gzip)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                             http=recording_protocol(record) if record else "auto", ws="wsproto",
                             **({"ssl_certfile": tls[0], "ssl_keyfile": tls[1]} if tls else {}))
     uvicorn.Server(config).run(sockets=[sock])
@@ -232,6 +243,7 @@ def main() -> None:
     ap.add_argument("--record", help="uvicorn: append each connection's received bytes under this folder")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="uvicorn: serve HTTPS")
     ap.add_argument("--host", default="127.0.0.1", help="the address to listen on (:: is dual-stack)")
+    ap.add_argument("--gzip", type=int, metavar="MIN", help="uvicorn: compress responses of MIN bytes on")
     a = ap.parse_args()
     if a.name:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -243,7 +255,7 @@ def main() -> None:
     sock.setblocking(False)
     print(sock.getsockname()[1], flush=True)
     if a.server == "uvicorn":
-        serve_uvicorn(sock, a.record, a.tls)
+        serve_uvicorn(sock, a.record, a.tls, a.gzip)
     else:
         serve_aiohttp(sock)
 

@@ -14,6 +14,8 @@ import json
 import random
 import re
 import time
+import tracemalloc
+import zlib
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ import pytest
 from sitsprobe.export.semconv import span_attributes
 from sitsprobe.request import GenAI, Inference, Payload, Request, Stage, Write
 from sitsprobe.stitch.genai import from_markers, merge, read
+from sitsprobe.stitch.genai_shapes import MAX_JSON
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "genai"
 INDEX = json.loads((FIXTURES / "index.json").read_text())
@@ -124,7 +127,7 @@ def stream(events: int, content: int, first: int, last: int, **kw) -> dict:
     write ``first``, the last in ``last``, each 1 ms after the one before."""
     return {"streaming": True, "events": events, "content_events": content,
             "first_token_ns": at(first), "last_token_ns": at(last), "max_gap_ns": MS,
-            "answer_empty": False, **kw}
+            "answer_empty": False, "stream_ended": True, **kw}
 
 
 # -- every fixture, as its server writes it: the whole GenAI record --------------------
@@ -336,6 +339,70 @@ def test_server_sent_events_as_the_spec_frames_them():
     assert (g.answer_empty, g.output_tokens, g.usage_source) == (False, 2, "counted_events")
 
 
+# -- bodies a gateway compressed (the clients' Accept-Encoding asks for it)
+
+def encoded(parts: list[bytes], encoding: str = "gzip") -> list[bytes]:
+    """``parts`` (a head, then a body's writes) as a gateway compressing them
+    sends them: Content-Encoding named, the body encoded by zlib (gzip's
+    container, zlib's, or raw deflate) and flushed at each write as a stream
+    is, one chunk a write, the last chunk after."""
+    wbits = {"gzip": 31, "deflate": 15, "raw deflate": -15}[encoding]
+    head, body = parts[0], b"".join(parts[1:])
+    chunked = b"transfer-encoding: chunked" in head.lower()
+    plain = [p for p in _dechunked(parts[1:])] if chunked else [body]
+    z = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    out = [z.compress(p) + z.flush(zlib.Z_SYNC_FLUSH) for p in plain]
+    out[-1] += z.flush()
+    head = re.sub(rb"(?i)content-length: \d+\r\n", b"", head).replace(b"\r\n\r\n", b"\r\n") + \
+        b"content-encoding: " + encoding.split()[-1].encode() + b"\r\n" + \
+        (b"" if chunked else b"transfer-encoding: chunked\r\n") + b"\r\n"
+    return [head, *(b"%x\r\n%s\r\n" % (len(c), c) for c in out if c), b"0\r\n\r\n"]
+
+
+def _dechunked(chunks: list[bytes]) -> list[bytes]:
+    return [c[c.index(b"\r\n") + 2:-2] for c in chunks if not c.startswith(b"0\r\n")]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw deflate"])
+@pytest.mark.parametrize("name", ["vllm_chat", "vllm_chat_stream", "ollama_chat_stream", "tgi_generate"])
+def test_a_body_the_gateway_compressed_reads_as_the_plain_one(name, encoding):
+    plain = read(exchange(name, written(name)))
+    g = read(exchange(name, encoded(written(name), encoding)))
+    assert g == plain._replace(content_encoding=encoding.split()[-1])
+
+
+def test_a_compressed_stream_is_read_up_to_the_first_bytes_not_seen():
+    name = "vllm_chat_stream"
+    parts = encoded(written(name))
+    plain = read(exchange(name, written(name)))
+    g = read(exchange(name, parts[:3] + parts[4:]))  # the third event's write not kept
+    assert g.events_approximate and 0 < g.events < plain.events
+    assert g.first_token_ns == plain.first_token_ns and g.content_encoding == "gzip"
+    whole_tail = read(exchange(name, parts, kept=2, tail=512))  # an encoded tail alone says nothing
+    assert whole_tail.events_approximate and whole_tail.events < plain.events
+
+
+def test_an_encoding_not_undone_or_a_bomb_reads_nothing_and_never_raises():
+    name = "vllm_chat"
+    br = [written(name)[0].replace(b"\r\n\r\n", b"\r\ncontent-encoding: br\r\n\r\n"), b"\x1b\x2d" * 40]
+    g = read(exchange(name, br))
+    assert (g.content_encoding, g.usage_source, g.response_model, g.request_model) == ("br", None, None, LLAMA)
+    bomb = zlib.compress(b"{" + b" " * (64 << 20), 9)  # 64 MiB of one JSON object's spaces
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: deflate\r\n" + \
+        b"content-length: %d\r\n\r\n" % len(bomb)
+    r = exchange(name, [head, bomb])
+    tracemalloc.start()
+    try:
+        g = read(r)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert g.content_encoding == "deflate" and g.usage_source is None
+    assert peak < 8 * MAX_JSON, f"{peak / 2**20:.1f} MiB"  # inflated no further than MAX_JSON (a few copies)
+    junk = read(exchange(name, encoded(written(name))[:1] + [b"5\r\nnot z\r\n", b"0\r\n\r\n"]))
+    assert junk.content_encoding == "gzip" and junk.usage_source is None
+
+
 def test_an_interim_100_continue_is_not_the_response():
     name, interim = "vllm_chat_stream", b"HTTP/1.1 100 Continue\r\n\r\n"
     g = read(exchange(name, [interim, *written(name)]))  # its own write: all a write later
@@ -534,6 +601,23 @@ def test_no_bytes_make_it_raise_or_tell_what_they_should_not():
                      request_tail=rng.choice([0, 40, 130]), body_bytes=body)
         check(read(r), r, named_in(raw, body, status=r.status), (case, name))
     assert time.monotonic() - started < 30
+
+
+def test_no_encoded_bytes_make_it_raise():
+    """Compressed bodies mutated and cut: read, never raised on, bounded; what
+    a damaged stream inflates to is not the server's, so only the shape of
+    the record is checked."""
+    rng = random.Random(1952)
+    names = sorted(INDEX)
+    for case in range(1500):
+        name = rng.choice(names)
+        raw = mutate(rng, b"".join(encoded(written(name), rng.choice(["gzip", "deflate", "raw deflate"]))))
+        cuts = sorted(rng.sample(range(len(raw) + 1), min(len(raw) + 1, rng.randrange(1, 10))))
+        parts = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+        r = exchange(name, parts, peek=rng.choice([None, None, 16, 64, 200]),
+                     kept=rng.choice([None, None, 1, 3]), tail=rng.choice([0, 64, 300]))
+        g = read(r)
+        check(g, r, set(strings(g)) | named_in(raw, status=r.status), (case, name))
 
 
 def test_the_work_is_bounded_by_what_was_kept():
