@@ -587,8 +587,10 @@ static __always_inline void tail_append(__u8 *ring, __u32 *pos, __u64 buf, __u64
 
 /* A vectored write's bytes appended, entry by entry, from its first
  * TAIL_IOVS (nginx writes a chunk as three: its size line, its data, its
- * CRLF; the last chunk as a fourth): the response's last bytes are the last
- * bytes of its last entries, not of its first. */
+ * CRLF): the response's last bytes are the last bytes of its last entries,
+ * not of its first. A write of more entries forgets the tail: what it ends
+ * with is not known, and a tail that is not the response's end would say
+ * the response ended elsewhere (or not at all). */
 #define TAIL_IOVS 16
 static __always_inline void tail_append_iov(__u8 *ring, __u32 *pos, __u64 iovp, __u64 n)
 {
@@ -601,6 +603,8 @@ static __always_inline void tail_append_iov(__u8 *ring, __u32 *pos, __u64 iovp, 
         tail_append(ring, pos, iov.base, take);
         n -= take;
     }
+    if (n)
+        *pos = 0;
 }
 
 /* Copy the first bytes of the request body, from buf. */
