@@ -693,15 +693,18 @@ struct gather_buf {
 NET_MAP("percpu_array", int, struct gather_buf, gather_bufs, 1);
 
 /* Up to `want` (at most `most`) bytes of a vectored call's entries from entry
- * *i's byte *off on, from GATHER_IOVS entries at most, into `to`; how many.
- * *i and *off move past them. */
-#define GATHER_IOVS 8
+ * *i's byte *off on, from `iovs` entries at most, into `to`; how many. *i and
+ * *off move past them. A write's peek is gathered from its first PEEK_IOVS
+ * (nginx, catching up, writes several chunks at once); its lines are counted
+ * SCAN_IOVS entries a run. */
+#define PEEK_IOVS 16
+#define SCAN_IOVS 8
 static __always_inline __u64 gather(__u64 iovp, __u32 *i, __u64 *off, __u8 *to, __u64 want,
-                                    const __u64 most)
+                                    const __u64 most, const int iovs)
 {
     __u64 at = 0;
 #pragma unroll
-    for (int k = 0; k < GATHER_IOVS; k++) {
+    for (int k = 0; k < iovs; k++) {
         struct uiovec iov = {};
         if (at >= want || read_user(&iov, sizeof(iov), (void *)(iovp + *i * sizeof(iov))))
             break;
@@ -732,13 +735,14 @@ static __always_inline int count_chunk(struct beat_state *st)
     int zero = 0;
     struct gather_buf *s = gather_bufs.lookup(&zero);
     __u64 off = st->b.scanned;
-    if (!s || !(st->buf || st->iovp) || st->n <= PEEK_CAP || off >= st->n || off >= WRITE_SCAN)
+    /* a vectored write's peek may end before PEEK_CAP: it holds its first pieces only */
+    if (!s || !(st->buf || st->iovp) || (st->n <= PEEK_CAP && !st->iovp) || off >= st->n || off >= WRITE_SCAN)
         return 0;
     __u64 want = st->n - off;
     if (want > SCAN_CHUNK)
         want = SCAN_CHUNK;
     if (st->iovp)
-        want = gather(st->iovp, &st->iov_i, &st->iov_off, s->b, want, SCAN_CHUNK);
+        want = gather(st->iovp, &st->iov_i, &st->iov_off, s->b, want, SCAN_CHUNK, SCAN_IOVS);
     else if (read_user(s->b, want, (void *)(st->buf + off)))
         return 0;
     if (!want)
@@ -789,7 +793,7 @@ static __always_inline int send_beat_(void *ctx, int user)
         struct gather_buf *s = gather_bufs.lookup(&zero);
         __u32 i = 0;
         __u64 off = 0;
-        peek = s ? gather(iovp, &i, &off, s->b, peek, PEEK_CAP) : 0;
+        peek = s ? gather(iovp, &i, &off, s->b, peek, PEEK_CAP, PEEK_IOVS) : 0;
         if (s && peek && bpf_probe_read_kernel(e->peek, PEEK_CAP, s->b) == 0)
             e->peek_len = peek;
     }

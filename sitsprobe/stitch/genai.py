@@ -208,9 +208,11 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
             continue
         unsure = unsure or w.scanned < w.size
         hidden = (w.data_lines if kind == "sse" else w.json_lines) - seen.get(w.ts_ns, 0)
-        if kind == "sse" and not done_seen and hidden > 0 and w is cut[-1] \
-                and b"[DONE]" in p.response_tail:
-            hidden -= 1
+        if kind == "sse" and not done_seen and hidden > 0 and w is cut[-1]:
+            if b"[DONE]" in p.response_tail:
+                hidden -= 1
+            elif not p.response_tail:  # the end not known (a write of more pieces than kept): a
+                unsure = True  # [DONE] among the lines counted would be counted as an event
         if hidden <= 0:
             continue
         extra += hidden

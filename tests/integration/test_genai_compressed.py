@@ -121,8 +121,8 @@ def test_nginx_s_gzip_in_front_of_a_plain_server_streams_too(agent, upstreams, t
         assert said(front[0]) == said(behind[0]) == whole
         for f, b in zip(front[1:], behind[1:]):  # the gzip stream, the plain ones
             a = f["attrs"]
-            # (not events_approximate: it was said three times in some 60 runs here, with
-            # all nine events counted and no write lost; why is not found yet)
+            # (not events_approximate: with the machine busy it is said at times, all nine
+            # events counted and no write lost; why is not pinned down yet)
             assert (a["sitsprobe.genai.stream_events"], a["sitsprobe.complete"]) == (EVENTS, True), a
             assert b["attrs"]["gen_ai.usage.output_tokens"] == content
         # an event a write's first bytes cut before its output shows is no content (a floor:
@@ -162,3 +162,55 @@ def test_a_client_that_hangs_up_at_done_got_the_whole_answer_and_one_that_hangs_
     assert (a["sitsprobe.complete"], a.get("sitsprobe.partial"), a.get("error.type")) == \
         (False, "response_cut_off", "incomplete")
     assert a["sitsprobe.genai.content_events"] < EVENTS
+
+
+WRITEV_SERVER = r'''
+import socket, sys
+events = [b'data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i
+          for i in range(int(sys.argv[1]))] + [b"data: [DONE]\n\n"]
+srv = socket.create_server(("127.0.0.1", 0))
+print(srv.getsockname()[1], flush=True)
+while True:
+    conn, _ = srv.accept()
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += conn.recv(65536)
+    pieces = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"]
+    for e in events:  # as nginx writes a chunk: its size line, its data, its CRLF
+        pieces += [b"%x\r\n" % len(e), e, b"\r\n"]
+    conn.sendmsg(pieces + [b"0\r\n\r\n"])  # the whole answer in one call
+    conn.close()
+'''
+
+
+def test_a_stream_written_in_one_call_of_more_pieces_than_are_walked(agent, tmp_path):
+    """One sendmsg of 3 pieces an event, the last chunk the last of them. Two
+    events (10 pieces): the tail is the answer's end, and every event is
+    counted. Six (22) are more than the tail walks (16): the end is not known
+    and is not claimed either way (not cut off), and the count says it is
+    approximate: a [DONE] among the lines counted cannot be told apart."""
+    import requests
+
+    script = tmp_path / f"writev_{RUN_TAG}.py"
+    script.write_text(WRITEV_SERVER)
+    for events in (2, 6):
+        proc = subprocess.Popen([sys.executable, str(script), str(events)], stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(proc.stdout.readline())
+            wait_until(lambda: agent.tracks(proc.pid), 15, "the agent to track the writev server")
+            r = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={**ASK, "stream": True}, timeout=10)
+            assert r.text.count("data: ") == events + 1
+            [span] = chat_spans(agent, [proc.pid], 1)
+            a = span["attrs"]
+            assert (a["sitsprobe.complete"], a.get("sitsprobe.partial")) == (True, None), a
+            if events == 2:
+                assert (a["sitsprobe.genai.stream_events"], a.get("sitsprobe.genai.events_approximate")) == (2, None)
+            else:
+                assert a["sitsprobe.genai.events_approximate"] and events <= a["sitsprobe.genai.stream_events"] <= events + 1
+        finally:
+            proc.kill()
+            proc.wait()
