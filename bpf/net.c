@@ -725,17 +725,16 @@ static __always_inline __u64 gather(__u64 iovp, __u32 *i, __u64 *off, __u8 *to, 
     return at;
 }
 
-
 /* Count the event lines of the next SCAN_CHUNK bytes of a write longer than
- * its peek; 1 while more are to be counted. The verifier follows a loop only
- * so far: one chunk per run of send_beat, which tail-calls itself. */
+ * its peek, or of any vectored write (its peek holds its first PEEK_IOVS
+ * pieces only); 1 while more are to be counted. The verifier follows a loop
+ * only so far: one chunk per run of send_beat, which tail-calls itself. */
 #define DATA_LINE 0x0a646174613aULL /* "\ndata:" */
 static __always_inline int count_chunk(struct beat_state *st)
 {
     int zero = 0;
     struct gather_buf *s = gather_bufs.lookup(&zero);
     __u64 off = st->b.scanned;
-    /* a vectored write's peek may end before PEEK_CAP: it holds its first pieces only */
     if (!s || !(st->buf || st->iovp) || (st->n <= PEEK_CAP && !st->iovp) || off >= st->n || off >= WRITE_SCAN)
         return 0;
     __u64 want = st->n - off;
