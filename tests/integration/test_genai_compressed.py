@@ -34,19 +34,17 @@ EVENTS = 9
 @pytest.fixture(scope="module")
 def upstreams(agent):
     """{"plain": its (pid, port), "gzip": uvicorn behind GZipMiddleware}."""
-    procs = {}
+    procs, served = [], {}
     try:
         for kind, extra in (("plain", []), ("gzip", ["--gzip", "100"])):
             proc = subprocess.Popen([sys.executable, str(HERE / "peers.py"), "uvicorn", "--tag", RUN_TAG,
                                      "--name", f"gz-{kind}", *extra], stdout=subprocess.PIPE, text=True)
-            procs[kind] = proc
-            port = int(proc.stdout.readline())
+            procs.append(proc)
+            served[kind] = (proc.pid, int(proc.stdout.readline()))
             wait_until(lambda p=proc: agent.tracks(p.pid), 15, f"the agent to track the {kind} server")
-            procs[kind] = (proc, port)
-        yield {kind: (proc.pid, port) for kind, (proc, port) in procs.items()}
+        yield served
     finally:
-        for proc in procs.values():
-            proc = proc[0] if isinstance(proc, tuple) else proc
+        for proc in procs:
             proc.kill()
             proc.wait()
 
