@@ -23,6 +23,8 @@
 #define AF_INET6_ 10
 #define SOCK_STREAM_ 1
 #define EINPROGRESS_ 115
+#define EPIPE_ 32
+#define ECONNRESET_ 104
 #define MSG_PEEK_ 2
 #define IPPROTO_TCP_ 6
 
@@ -145,11 +147,11 @@ NET_MAP("lru_hash", __u64, __u64, overflow, MAX_OVERFLOW);
 NET_COUNTS(__u32, untracked, 4096); /* tgid -> responses sent on them */
 NET_MAP("hash", __u64, struct args, inflight, 16384);
 NET_MAP("lru_hash", __u64, struct tuple, socks, 65536);
-#if CONN_BY_STATE
-NET_MAP("lru_hash", __u64, __u8, dialed, 65536);    /* sk -> it connected (a client's) */
 /* sk -> its conn's key: one entry per conn with a socket (learn_sock), so never full, and no
  * LRU: one that small evicts live entries early (its free lists are per CPU), losing closes */
 NET_MAP("hash", __u64, __u64, sk_conns, MAX_CONNS);
+#if CONN_BY_STATE
+NET_MAP("lru_hash", __u64, __u8, dialed, 65536);    /* sk -> it connected (a client's) */
 /* sk -> DRAIN_WAIT: a client's socket TCP closed after the client shut only
  * its sending side (the peer's FIN came): the answer queued is still read,
  * and its end-of-file read ends its conn (ended, drained). DRAIN_READ: the
@@ -1566,7 +1568,7 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         c->cwait_start = cwait_now();
         c->status = c->pipeline = 0;
         c->resp_len = 0;
-        c->tp_len = c->ts_len = 0;
+        c->tp_len = c->ts_len = c->peer_ended = 0;
         c->flags &= ~(CF_CHUNK_END | CF_SEEDED | CF_MISSED | CF_INTERIM | CF_BODY | CF_BODY_NEXT |
                       CF_BINNED);
         c->req_len = 0;
@@ -1621,6 +1623,7 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
     if (c->state != ST_RESPONDING) {
         if (c->state == ST_IDLE) { /* the server spoke first, or we missed the request */
             c->start_ns = t;
+            c->peer_ended = 0;
             c->send_ns = c->runq_ns = c->rwait_ns = c->cwait_ns = 0;
             c->runq_tid = bpf_get_current_pid_tgid();
             c->runq_start = runq_now();
@@ -1973,8 +1976,8 @@ static __always_inline void close_conn(struct conn *c, __u64 key)
         canonical(&c->t, &t, 0);
         clients.delete(&t);
     }
-#if CONN_BY_STATE
     sk_conns.delete(&c->sk);
+#if CONN_BY_STATE
     draining.delete(&c->sk);
 #endif
     conns.delete(&key);
@@ -2112,14 +2115,37 @@ static __always_inline void learn_sock(struct conn *c, __u64 sk)
     if (c->sk == sk)
         return;
     c->sk = sk;
-#if CONN_BY_STATE
     __u64 key = conn_key(c->tgid, c->fd);
     sk_conns.update(&sk, &key);
+#if CONN_BY_STATE
     draining.delete(&sk); /* an earlier socket's at this address, whose end-of-file read never came */
 #endif
     struct tuple *t = socks.lookup(&sk);
     if (t)
         knows_tuple(c, t);
+}
+
+/* The peer of a followed connection on socket sk ended its side while an
+ * exchange was under way: its FIN came before the process closed (TCP's
+ * CLOSE_WAIT), or a call failed on its reset (ECONNRESET; EPIPE, a write
+ * after it). A server's answer cut off after that is its client's doing (a
+ * stop button, a timeout), not the server's (conn.peer_ended). An
+ * end-of-file read is no such sign: it also ends a lingering close, where
+ * the process shut its side first (gunicorn's sync worker). seq moves, so a
+ * copy read before is not kept. */
+static __always_inline void peer_ended_on(__u64 sk)
+{
+    __u64 *key = sk_conns.lookup(&sk);
+    struct conn *c = key ? conns.lookup(key) : NULL;
+    if (c && c->sk == sk && c->state != ST_IDLE && !c->peer_ended) {
+        c->peer_ended = 1;
+        __sync_fetch_and_add(&c->seq, 2);
+    }
+}
+
+static __always_inline int is_reset(long ret)
+{
+    return ret == -ECONNRESET_ || ret == -EPIPE_;
 }
 
 #if NET_TIER == NET_TIER_SYSCALL
@@ -2152,8 +2178,20 @@ static __always_inline void learn_current_sock(__u64 sk)
 }
 
 #if ATTACHED
-TRACEPOINT_PROBE(sock, sock_recv_length) { learn_current_sock((__u64)args->sk); return 0; }
-TRACEPOINT_PROBE(sock, sock_send_length) { learn_current_sock((__u64)args->sk); return 0; }
+TRACEPOINT_PROBE(sock, sock_recv_length)
+{
+    if (is_reset(args->ret))
+        peer_ended_on((__u64)args->sk);
+    learn_current_sock((__u64)args->sk);
+    return 0;
+}
+TRACEPOINT_PROBE(sock, sock_send_length)
+{
+    if (is_reset(args->ret))
+        peer_ended_on((__u64)args->sk);
+    learn_current_sock((__u64)args->sk);
+    return 0;
+}
 #endif
 #else
 /* ---- the socket tier: one raw tracepoint per direction, after the socket
@@ -2314,6 +2352,8 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
     __u32 tgid = id >> 32;
     long ret = (int)ctx->args[1];
     if (ret <= 0) {
+        if (is_reset(ret) && is_tracked(tgid))
+            peer_ended_on(ctx->args[0]);
 #if CONN_BY_STATE
         if (ret == 0 && is_tracked(tgid) && drained(ctx->args[0]))
             return end_now(ctx);
@@ -2472,6 +2512,10 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
                 kernel_tracked(tgid);
             notify(N_LISTEN, tgid);
         }
+        return 0;
+    }
+    if (args->newstate == BPF_TCP_CLOSE_WAIT) { /* the peer's FIN, before the process closed */
+        peer_ended_on(sk);
         return 0;
     }
 #if CONN_BY_STATE

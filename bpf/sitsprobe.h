@@ -220,6 +220,9 @@ struct conn {
     __u32 seq; /* odd while an exchange is being updated: a reader's torn copy is detectable */
     __u8 tp_len; /* bytes in tp: the request head had a "traceparent:" line past req */
     __u8 ts_len; /* ... and "tracestate:" */
+    __u8 peer_ended; /* the peer ended its side while this exchange was under way, before the
+                      * process closed (net.c: peer_ended_on). A server's answer cut off after
+                      * that is its client's doing (a stop button), not the server's */
     __u64 send_ns;      /* time spent inside the response's send calls */
     __u64 runq_start;   /* the serving thread's run-queue wait (RUNQ) when the exchange began */
     __u64 runq_ns;      /* ... and how much it grew by its last write of the response */

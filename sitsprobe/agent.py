@@ -677,7 +677,8 @@ class Agent:
         if r.payload is not None or r.inference is not None:
             wire = genai.read(r) if r.payload is not None else None
             r = r._replace(genai=genai.merge(genai.from_markers(r), wire), payload=None)
-            if r.partial == http1.RESPONSE_CUT_OFF and r.genai is not None and r.genai.stream_ended:
+            if r.partial in (http1.RESPONSE_CUT_OFF, http1.CLIENT_CLOSED) and r.genai is not None and \
+                    r.genai.stream_ended:
                 # the answer's own end was sent ([DONE]) and the client hung up before the
                 # chunked terminator came (the openai client closes at [DONE]): no cut, no error
                 r = r._replace(complete=True, partial=None)

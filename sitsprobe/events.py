@@ -46,6 +46,7 @@ class Exchange(NamedTuple):
     link_start: int = 0
     calls: int = 0  # exchanges the kernel linked to this one
     shape: int = 0  # the kernel's hash of its method and path (probes.bins), 0: none
+    peer_ended: int = 0  # 1: the peer ended its side while it was under way (struct conn.peer_ended)
 
     @property
     def key(self) -> tuple[int, int, int, int]:

@@ -163,6 +163,11 @@ class GpuUse:
     stages: tuple[dict, ...]
 
 
+# sitsprobe.partial of a server's answer that its client hung up on before it ended (a stop
+# button, a client's timeout): the client's doing, so no error of the server's
+CLIENT_CLOSED = "client_closed"
+
+
 class Request(NamedTuple):
     """One request/response exchange on a server connection (a NamedTuple:
     immutable, and built for every request, so cheap to build).
@@ -197,7 +202,7 @@ class Request(NamedTuple):
     gpu: GpuUse | None = None  # added to traced requests where the GPU layer runs
     transport: str | None = "tcp"  # None: not seen on TCP (a Unix socket, most likely)
     direction: str = "server"  # "server": this process answered; "client": it asked
-    partial: str | None = None  # why the exchange is not framed whole (protocols' constants)
+    partial: str | None = None  # why the exchange is not framed whole (protocols' constants, CLIENT_CLOSED)
     tracestate: str | None = None  # W3C tracestate, with the traceparent
     trace_headers: tuple[bytes, bytes] | None = None  # (traceparent, tracestate) raw values the
     # kernel found past the captured head: the first is parsed when stitched, the second by
@@ -241,7 +246,8 @@ class Request(NamedTuple):
 
     @property
     def is_error(self) -> bool:
-        return (self.status is not None and self.status >= 500) or not self.complete
+        return (self.status is not None and self.status >= 500) or \
+            (not self.complete and self.partial != CLIENT_CLOSED)
 
 
 def _replace_by_index(cls: type):

@@ -20,7 +20,7 @@ import re
 from opentelemetry.trace import SpanKind
 
 from ..redact import redact_target
-from ..request import H2, Request
+from ..request import CLIENT_CLOSED, H2, Request
 from ..stitch.protocols import UNFRAMED, http1, resp
 from ..stitch.segments import SEGMENTS
 
@@ -215,7 +215,8 @@ def _http(req: Request) -> dict:
         "http.request.method_original": None if known else req.method,
         "http.response.status_code": req.status,
         # a request the agent saw none of, or whose head it did not capture, has no size
-        "http.request.size": None if req.partial not in (None, http1.RESPONSE_CUT_OFF) else req.bytes_in,
+        "http.request.size": None if req.partial not in (None, http1.RESPONSE_CUT_OFF, CLIENT_CLOSED)
+        else req.bytes_in,
         "http.response.size": req.bytes_out,
         "network.protocol.name": name,
         "network.protocol.version": version or None,
@@ -336,7 +337,8 @@ def _error_type(req: Request) -> str | None:
     """gRPC: the status code's name, when it is an error for that side (a
     server's: GRPC_SERVER_ERRORS; a client's: any but OK). HTTP: the status,
     from 500 for a server, from 400 for a client (gRPC with no grpc-status
-    too). Else "incomplete" for an exchange cut short."""
+    too). Else "incomplete" for an exchange cut short, "client_closed" for a
+    server's answer its client hung up on (no error of the server's)."""
     if is_grpc(req) and req.h2.grpc_status is not None:
         name = grpc_status_name(req.h2.grpc_status)
         if name != "OK" and (is_client(req) or name in GRPC_SERVER_ERRORS):
@@ -345,7 +347,9 @@ def _error_type(req: Request) -> str | None:
         client_http = is_client(req) and req.protocol in (http1.NAME, HTTP2)
         if req.status >= (400 if client_http else 500):
             return str(req.status)
-    return None if req.complete else "incomplete"
+    if req.complete:
+        return None
+    return CLIENT_CLOSED if req.partial == CLIENT_CLOSED else "incomplete"
 
 
 def stage_attributes(req: Request) -> list[dict[str, object]]:

@@ -246,7 +246,7 @@ class ExchangeDecoder:
                "last_out_ns", "bytes_in", "bytes_out", "flags", "t.family", "t.laddr",
                "t.lport", "t.raddr", "t.rport", "status", "pipeline", "req_len",
                "resp_len", "req", "resp", "tp_len", "tp", "ts_len", "ts", "send_ns", "runq_ns", "rwait_ns",
-               "cwait_ns", "link_key", "link_start", "calls", "shape")
+               "cwait_ns", "link_key", "link_start", "calls", "shape", "peer_ended")
 
     def __init__(self, conn_type, name_of: Callable[[int, str], str] | None = None):
         """name_of(tgid, thread's comm): the process's name for its exchanges,
@@ -268,7 +268,7 @@ class ExchangeDecoder:
         (tgid, fd, comm, reported, start_ns, last_in_ns, first_out_ns, last_out_ns, bytes_in,
          bytes_out, flags, family, laddr, lport, raddr, rport, status, pipeline, req_len, resp_len,
          req, resp, tp_len, tp, ts_len, ts, send_ns, runq_ns, rwait_ns, cwait_ns, link_key, link_start,
-         calls, shape) = self._pick(v)
+         calls, shape, peer_ended) = self._pick(v)
         return Exchange(
             tgid=tgid, fd=fd, comm=self.name_of(tgid, _comm(comm)),
             reason=reported if reason is None else reason,
@@ -281,7 +281,7 @@ class ExchangeDecoder:
             req=req[:req_len], resp=resp[:resp_len],
             traceparent=tp[:tp_len], tracestate=ts[:ts_len],
             send_ns=send_ns, runq_ns=runq_ns, read_wait_ns=rwait_ns, cache_wait_ns=cwait_ns,
-            link_key=link_key, link_start=link_start, calls=calls, shape=shape,
+            link_key=link_key, link_start=link_start, calls=calls, shape=shape, peer_ended=peer_ended,
         )
 
 

@@ -22,7 +22,9 @@ GZipMiddleware, for the clients that accept it (their Accept-Encoding).
                                   "stream": true and ?events=N (both servers), N
                                   OpenAI chunks and [DONE], a write each, at once
                                   (uvicorn: or &gap=S seconds apart; &linger=S
-                                  between [DONE] and the body's end)
+                                  between [DONE] and the body's end; &abort=K: the
+                                  handler raises before event K, and uvicorn
+                                  closes the connection mid-body)
   GET  /ws                        a WebSocket that echoes each message (uvicorn:
                                   through wsproto)
 
@@ -104,7 +106,10 @@ def starlette_app():
 
         async def events():
             gap, linger = (float(request.query_params.get(k, 0)) for k in ("gap", "linger"))
+            abort = int(request.query_params.get("abort", -1))
             for i, chunk in enumerate(chunks(int(request.query_params["events"]))):
+                if i == abort:  # uvicorn closes the connection mid-body: the server's abort
+                    raise RuntimeError(f"the server gives up after {i} events")
                 if i:  # not after the last: a client may hang up once it has [DONE]
                     await asyncio.sleep(gap)
                 yield chunk

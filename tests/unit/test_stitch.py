@@ -7,7 +7,8 @@ from sitsprobe.abi import CF_CLIENT
 from sitsprobe.events import (CF_CHUNK_END, CF_MISSED, CF_TCP, CF_TUPLE, END_CLOSE, END_FLUSH,
                               END_NEXT, END_RESPONSE, Exchange)
 from sitsprobe.events import Beat
-from sitsprobe.request import Endpoint, Payload, Write
+from sitsprobe.export.semconv import span_attributes
+from sitsprobe.request import CLIENT_CLOSED, Endpoint, Payload, Write
 from sitsprobe.routes import RouteMapper
 from sitsprobe.stitch.exchange import CALL_SETTLE_NS, Stitcher, enrich
 from sitsprobe.stitch.protocols import http1, opaque, protocol_of
@@ -241,6 +242,27 @@ def test_an_answer_the_close_cut_short_of_its_framing_says_so():
     two = REQ + REQ
     assert s.on_exchange(exchange(req=two, resp=head, status=200, reason=END_CLOSE, pipeline=1,
                                   bytes_out=len(head)))[0].partial == http1.RESPONSE_CUT_OFF
+
+
+def test_an_answer_cut_short_after_its_client_hung_up_is_the_client_s_doing():
+    """conn.peer_ended: the client ended its side before the server closed (a
+    stop button). A server's answer cut short then is client_closed, no
+    error of the server's: error.type client_closed, no error status, not
+    kept by the sampler as an error. A call whose server ended its side is
+    cut off as before: the call failed."""
+    s = stitcher()
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"
+    cut = dict(status=200, reason=END_CLOSE, resp=head, bytes_out=len(head) + 4)
+
+    def seen(**kw):
+        r = s.on_exchange(exchange(**(cut | kw)))[0]
+        return r.complete, r.partial, r.is_error, span_attributes(r).get("error.type")
+    assert seen(peer_ended=1) == (False, CLIENT_CLOSED, False, "client_closed")
+    assert seen() == (False, http1.RESPONSE_CUT_OFF, True, "incomplete")  # the server's abort
+    assert seen(peer_ended=1, bytes_out=len(head) + 10) == (True, None, False, None)  # whole, whoever closed
+    assert seen(peer_ended=1, flags=CF_TUPLE | CF_TCP | CF_CLIENT) == (False, http1.RESPONSE_CUT_OFF, True, "incomplete")
+    r = s.on_exchange(exchange(peer_ended=1, **cut))[0]
+    assert span_attributes(r)["http.request.size"] == r.bytes_in  # the request was whole
 
 
 def test_a_flushed_exchange_reported_again_by_the_kernel_is_dropped():

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import re
 
+from ...abi import CF_CLIENT
 from ...events import CF_CHUNK_END, CF_MISSED, END_CLOSE, END_EXIT, END_RESPONSE, Exchange
 from ...redact import redact_target
-from ...request import Request, TraceParent
+from ...request import CLIENT_CLOSED, Request, TraceParent
 from ...routes import RouteMapper
 from ..http import (looks_like_request, parse_request_heads, parse_response_head,
                     parse_traceparent, path_of, request_headers, request_line)
@@ -96,7 +97,8 @@ def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
                         0, ex.bytes_out, ex.local, ex.peer, NAME, status=status,
                         route=routes.route(None), partial=REQUEST_MISSED, transport=transport(ex))]
     done = not ended_early(ex)
-    short = RESPONSE_CUT_OFF if done and cut_off(ex) else None
+    short = (CLIENT_CLOSED if ex.peer_ended and not ex.flags & CF_CLIENT else RESPONSE_CUT_OFF) \
+        if done and cut_off(ex) else None
     done = done and short is None
     if ex.pipeline == 0 and ex.reason != END_RESPONSE and (line := request_line(ex.req)) is not None:
         # the common case, kept cheap: headers are parsed only for traced requests
@@ -182,5 +184,5 @@ def _list_value(raw: bytes) -> str:
     return v if whole else v.rpartition(",")[0].rstrip(" \t")
 
 
-__all__ = ["NAME", "REQUEST_MISSED", "HEAD_NOT_CAPTURED", "RESPONSE_CUT_OFF", "claims", "complete", "cut_off",
+__all__ = ["NAME", "REQUEST_MISSED", "HEAD_NOT_CAPTURED", "RESPONSE_CUT_OFF", "CLIENT_CLOSED", "claims", "complete", "cut_off",
            "requests", "enrich"]
