@@ -246,8 +246,9 @@ class Request(NamedTuple):
 
     @property
     def is_error(self) -> bool:
-        return (self.status is not None and self.status >= 500) or \
-            (not self.complete and self.partial != CLIENT_CLOSED)
+        """Whether its span's status is ERROR: the conventions' rule, in export.semconv."""
+        from .export.semconv import is_error  # (semconv reads Request: imported when first asked)
+        return is_error(self)
 
 
 def _replace_by_index(cls: type):

@@ -333,6 +333,15 @@ def _gen_ai(req: Request) -> dict:
     }
 
 
+def is_error(req: Request) -> bool:
+    """Whether the span's status is ERROR: it has an error.type (a server's
+    5xx, a client's 4xx or 5xx, a gRPC code that is an error for the side
+    that saw it, an exchange cut short), but a client that hung up is no
+    error of the server's."""
+    kind = _error_type(req)
+    return kind is not None and kind != CLIENT_CLOSED
+
+
 def _error_type(req: Request) -> str | None:
     """gRPC: the status code's name, when it is an error for that side (a
     server's: GRPC_SERVER_ERRORS; a client's: any but OK). HTTP: the status,

@@ -118,6 +118,9 @@ def test_a_server_span_is_as_it_was():
 def test_error_type_of_http_by_side(status, complete, server, client):
     assert span_attributes(served(status=status, complete=complete)).get("error.type") == server
     assert span_attributes(call(status=status, complete=complete)).get("error.type") == client
+    # and the span's status is ERROR where there is one
+    assert (served(status=status, complete=complete).is_error, call(status=status, complete=complete).is_error) \
+        == (server is not None, client is not None)
 
 
 def test_an_unknown_method_is_other_and_names_the_span_http():
@@ -249,6 +252,8 @@ def test_grpc_status_names_and_which_side_counts_them_as_errors(code, name):
     assert server["rpc.response.status_code"] == client["rpc.response.status_code"] == name
     assert server.get("error.type") == (name if name in SERVER_ERRORS else None)
     assert client.get("error.type") == (None if name == "OK" else name)
+    assert grpc(code).is_error == (name in SERVER_ERRORS)  # the span's status
+    assert grpc(code, direction="client", local=OWN, peer=CALLED).is_error == (name != "OK")
 
 
 def test_a_grpc_call_cut_short_has_no_status_and_is_incomplete():
