@@ -9,6 +9,7 @@ grpc (grpcio, generic handlers: raw bytes, no generated code):
   /demo.Echo/Count    server streaming: int(request) messages
   /demo.Echo/Missing  unary: aborts NOT_FOUND
   /demo.Echo/Slow     unary: answers after 2 s (the client's deadline is shorter)
+  /demo.Echo/Drip     server streaming: int(request) messages, 50 ms apart
 hypercorn (h2c with prior knowledge, plain ASGI):
   GET /status/NNN     status NNN, a short body
   GET /big/N          200, N bytes (DATA frames beyond the captured bytes)
@@ -45,12 +46,19 @@ def serve_grpc() -> None:
         time.sleep(2)
         return request
 
+    def drip(request, context):
+        for i in range(int(request)):
+            if i:
+                time.sleep(0.05)
+            yield b"%d" % i
+
     same = dict(request_deserializer=None, response_serializer=None)
     handler = grpc.method_handlers_generic_handler("demo.Echo", {
         "Say": grpc.unary_unary_rpc_method_handler(say, **same),
         "Count": grpc.unary_stream_rpc_method_handler(count, **same),
         "Missing": grpc.unary_unary_rpc_method_handler(missing, **same),
         "Slow": grpc.unary_unary_rpc_method_handler(slow, **same),
+        "Drip": grpc.unary_stream_rpc_method_handler(drip, **same),
     })
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     server.add_generic_rpc_handlers((handler,))

@@ -70,6 +70,11 @@ def test_grpc_calls_are_one_span_each_with_method_and_status(agent):
             got[("demo.Echo/Slow", "DEADLINE_EXCEEDED")] += got.pop(("demo.Echo/Slow", "CANCELLED"))
         assert got == tally, (got, tally, [s["attrs"] for s in spans if not s["attrs"].get("http.response.status_code")][:1])
         assert all(s["attrs"].get("rpc.system.name") == "grpc" for s in spans)
+        # a server's span is an error for the codes that are its errors (DEADLINE_EXCEEDED here), not
+        # for the caller's (NOT_FOUND) nor a call its caller cancelled
+        statuses = {(s["attrs"].get("rpc.method"), s["attrs"].get("rpc.response.status_code"),
+                     s["status"].get("code")) for s in spans}
+        assert statuses == {(m, code, 2 if code == "DEADLINE_EXCEEDED" else None) for m, code in seen}
         streamed = sorted(s["attrs"].get("sitsprobe.rpc.response_messages") for s in spans
                           if s["attrs"].get("rpc.method") == "demo.Echo/Count")
         assert streamed == messages
@@ -114,6 +119,29 @@ def test_h2c_requests_are_exact_per_path_and_status(agent, peer):
         for path in (p for p in paths if p.startswith("/big/")):
             big = [s for s in spans if s["attrs"].get("url.path") == path]
             assert all(s["attrs"].get("http.response.size") == int(path[5:]) for s in big)
+
+
+def test_a_call_its_client_cancels_mid_stream_is_the_client_s_doing(agent):
+    """grpcio's client cancels a server-streaming call after two messages: it
+    sends RST_STREAM(CANCEL). The server's span says CANCELLED and
+    client_closed, with no error status, and holds at least the messages
+    the client got."""
+    import grpc
+
+    with H2Peer(agent, "grpc") as server:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = channel.unary_stream("/demo.Echo/Drip")(b"50", timeout=10)
+            got = [next(call), next(call)]
+            call.cancel()
+            with pytest.raises(grpc.RpcError) as e:
+                next(call)
+            assert e.value.code() == grpc.StatusCode.CANCELLED
+        span = wait_until(lambda: [s for s in agent.traces.for_pid(server.pid) if s["kind"] == SERVER], 15,
+                          "the cancelled call's span")[0]
+    a = span["attrs"]
+    assert (a["rpc.method"], a["rpc.response.status_code"], a.get("sitsprobe.partial"), a.get("error.type"),
+            span["status"]) == ("demo.Echo/Drip", "CANCELLED", "client_closed", "client_closed", {})
+    assert len(got) <= a["sitsprobe.rpc.response_messages"] < 50
 
 
 def test_a_stream_held_on_a_zero_window_says_how_long(agent):

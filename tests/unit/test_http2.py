@@ -384,13 +384,34 @@ def test_rst_stream_goaway_and_close():
     conn = feed(w)
     got = by_id(conn)
     assert list(got) == [1, 5, 7]
-    assert (got[1].reset_code, got[1].status, got[1].complete) == (8, 200, False)
-    assert got[5].reset_code == got[7].reset_code == 11
+    assert (got[1].reset_code, got[1].status, got[1].complete, got[1].partial) == (8, 200, False, "client_closed")
+    assert got[5].reset_code == got[7].reset_code == 11 and got[5].partial is None  # the server's GOAWAY
     assert conn.goaway == (3, 11)
     conn.close(w.ts + 5)
     (s3,) = conn.finished()
     assert (s3.stream_id, s3.complete, s3.path, s3.reset_code) == (3, False, "/s3", None)
     assert conn.finished() == []
+
+
+def test_a_reset_is_the_client_closing_only_when_a_server_s_client_sends_it():
+    """RST_STREAM from a server's client before the answer ended: client_closed
+    (a cancelled call: no error of the server's). The same frames seen by the
+    client that sent them, and a reset the server sends, are not."""
+    w = Wire()
+    for sid in (1, 3):
+        w.c.send_headers(sid, req(f"/s{sid}"), end_stream=True)
+    w.flush("c")
+    for sid in (1, 3):
+        w.s.send_headers(sid, [(":status", "200")])
+    w.flush("s")
+    w.c.reset_stream(1, 8)  # CANCEL
+    w.flush("c")
+    w.s.reset_stream(3, 2)  # INTERNAL_ERROR: the server gives up
+    w.flush("s")
+    server, client = by_id(feed(w)), by_id(feed(w, side="client"))
+    assert [(s.reset_code, s.complete, s.partial) for s in (server[1], server[3])] == \
+        [(8, False, "client_closed"), (2, False, None)]
+    assert [client[1].partial, client[3].partial] == [None, None]
 
 
 def test_push_promise_is_decoded_but_not_a_request():

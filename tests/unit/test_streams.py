@@ -75,6 +75,7 @@ def test_a_call_the_client_cancels_is_cancelled():
     w.flush()
     [r], _ = stitch(w.chunks)
     assert r.h2.grpc_status == 1 and r.h2.reset_code == 8  # CANCELLED, as gRPC maps it
+    assert (r.partial, r.is_error) == ("client_closed", False)  # the client's doing
 
 
 def test_a_client_connection_and_tls_say_so():

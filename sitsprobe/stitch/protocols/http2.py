@@ -32,10 +32,13 @@ from dataclasses import dataclass
 
 from hpack import Decoder, HPACKError
 
+from ...request import CLIENT_CLOSED
+
 NAME = "http/2"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-# Connection.partial and Stream.partial reasons
+# Connection.partial and Stream.partial reasons; and CLIENT_CLOSED, a stream a server's client
+# reset before its answer ended (RST_STREAM: a cancelled call)
 BYTES_NOT_CAPTURED = "bytes_not_captured"
 CONNECTION_START_MISSED = "connection_start_missed"
 HPACK_ERROR = "hpack_error"
@@ -461,6 +464,8 @@ class Connection:
             st = self._open.get(sid)
             if st is not None:
                 st.reset, st.end = int.from_bytes(p, "big"), ts
+                if h.role == REQ and self.side == "server" and not st.ended[RESP]:
+                    st.partial = st.partial or CLIENT_CLOSED  # its client gave up on the answer
                 self._finish(st, ts)
         elif t == GOAWAY:
             self._goaway(h, p, ts)
