@@ -1757,7 +1757,7 @@ static __always_inline void on_connect(struct args *a, __u32 tgid)
 static __always_inline void dispatch(struct conn *c, struct args *a, long ret, __u64 id, __u64 now);
 static __always_inline void learn_sock(struct conn *c, __u64 sk);
 
-#if !CONN_BY_STATE
+#if !CONN_BY_STATE && !defined(TLS_MODULE) /* (the library's programs make no connect: no learn_sock there) */
 /* connect() returned: the socket its handshake made, if that completed
  * inside it (dialed_now), is its connection's from now on. */
 static __always_inline void learn_dialed(struct args *a, __u64 id)
@@ -1799,7 +1799,7 @@ static __always_inline int leave(void *ctx, long ret)
     if (a->kind == K_CONNECT) {
         if (ret == 0 || ret == -EINPROGRESS_)
             on_connect(a, tgid);
-#if !CONN_BY_STATE
+#if !CONN_BY_STATE && !defined(TLS_MODULE)
         learn_dialed(a, id);
 #endif
     } else if (ret > 0 && a->kind == K_ACCEPT) {
