@@ -173,7 +173,8 @@ class Request(NamedTuple):
     immutable, and built for every request, so cheap to build).
 
     ``protocol`` names the protocol that framed it (sitsprobe.stitch.protocols):
-    ``"http/1.1"``, ``"http/2"`` (gRPC too: see ``h2``), ``"resp"``; or, for a connection-level exchange with no
+    ``"http/1.1"`` (``"http/1.0"`` once a traced one is enriched), ``"http/2"`` (gRPC too: see ``h2``),
+    ``"resp"``; or, for a connection-level exchange with no
     method, path or status, what it looks like: ``"tls"``, ``"http2"``,
     ``"unknown"``.
     """

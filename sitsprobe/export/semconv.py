@@ -96,8 +96,8 @@ def is_grpc(req: Request) -> bool:
 
 
 def is_http(req: Request) -> bool:
-    """An HTTP request (HTTP/1.1, or an HTTP/2 stream that is not a gRPC call)."""
-    return req.protocol == http1.NAME or (req.protocol == HTTP2 and not is_grpc(req))
+    """An HTTP request (HTTP/1.x, or an HTTP/2 stream that is not a gRPC call)."""
+    return req.protocol in http1.NAMES or (req.protocol == HTTP2 and not is_grpc(req))
 
 
 def is_redis(req: Request) -> bool:
@@ -353,7 +353,7 @@ def _error_type(req: Request) -> str | None:
         if name != "OK" and (is_client(req) or name in GRPC_SERVER_ERRORS):
             return name
     elif req.status is not None:
-        client_http = is_client(req) and req.protocol in (http1.NAME, HTTP2)
+        client_http = is_client(req) and (req.protocol in http1.NAMES or req.protocol == HTTP2)
         if req.status >= (400 if client_http else 500):
             return str(req.status)
     if req.complete:

@@ -17,8 +17,10 @@ Each tier is run (TIERS).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -44,14 +46,16 @@ def outcome(span: dict) -> tuple:
     return a["sitsprobe.complete"], a.get("sitsprobe.partial"), a.get("error.type"), span["status"]
 
 
+def chats(agent, pids) -> list[dict]:
+    """The chat completion server spans of these processes so far, oldest first."""
+    return sorted((s for p in pids for s in agent.traces.for_pid(p)
+                   if s["attrs"].get("url.path") == "/v1/chat/completions" and s.get("kind") != 3),
+                  key=lambda s: int(s["startTimeUnixNano"]))
+
+
 def server_spans(agent, pids, n: int) -> list[dict]:
-    """The first n chat completion server spans of these processes, oldest first."""
-    def found():
-        spans = sorted((s for p in pids for s in agent.traces.for_pid(p)
-                        if s["attrs"].get("url.path") == "/v1/chat/completions" and s.get("kind") != 3),
-                       key=lambda s: int(s["startTimeUnixNano"]))
-        return len(spans) >= n and spans[:n]
-    return wait_until(found, 15, f"{n} chat completion spans")
+    """The first n chat completion server spans of these processes, once there are as many."""
+    return wait_until(lambda: len(s := chats(agent, pids)) >= n and s[:n], 15, f"{n} chat completion spans")
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +134,7 @@ def test_nginx_and_the_server_behind_it_both_tell_the_client_s_hang_up(agent, uv
     upstream_pid, upstream = uvicorn
     locations = (f"        location /v1/ {{ proxy_pass http://127.0.0.1:{upstream}; "
                  f"proxy_http_version 1.1; proxy_buffering off; }}")
-    before = len(agent.traces.for_pid(upstream_pid))  # the other tests' requests came here too
+    before = len(chats(agent, [upstream_pid]))  # the other tests' requests came here too
     with Nginx(agent, tmp_path / "nginx", port=NGINX_PORT, locations=locations) as nginx:
         with httpx.Client(base_url=f"http://127.0.0.1:{NGINX_PORT}") as c, \
                 c.stream("POST", "/v1/chat/completions", params={"events": EVENTS, "gap": GAP}, json=ASK) as r:
@@ -140,3 +144,34 @@ def test_nginx_and_the_server_behind_it_both_tell_the_client_s_hang_up(agent, uv
     behind = server_spans(agent, [upstream_pid], before + 1)[before]
     assert outcome(front) == CLIENT_CLOSED, front["attrs"]
     assert outcome(behind) == CLIENT_CLOSED, behind["attrs"]  # nginx, its client, hung up in turn
+
+
+def curl_stream(port: int, query: str, *, max_time: float | None = None) -> tuple[int, list[bytes]]:
+    """curl as an HTTP/1.0 client (the servers then end the answer by closing):
+    (its exit status, the events it got, [DONE] left out)."""
+    out = subprocess.run(["curl", "-s", "-N", "--http1.0", *(["--max-time", str(max_time)] if max_time else []),
+                          "-H", "Content-Type: application/json", "--data", json.dumps(ASK),
+                          f"http://127.0.0.1:{port}/v1/chat/completions?{query}"], capture_output=True, timeout=30)
+    events = [line for line in out.stdout.split(b"\n") if line.startswith(b"data: ") and line != b"data: [DONE]"]
+    return out.returncode, events
+
+
+def test_an_answer_only_the_close_ends_is_cut_by_the_client_that_closes_first(agent, uvicorn):
+    """To an HTTP/1.0 client, uvicorn and gunicorn send a stream with no
+    length and no chunks: the server's close is its end, so the close alone
+    says nothing. curl reading it whole: complete. curl giving up mid-answer
+    (--max-time): the client closed first, client_closed."""
+    if shutil.which("curl") is None:
+        pytest.skip("no curl: .ci/run installs it")
+    with GunicornSync(agent) as gunicorn:
+        for pid, port in (uvicorn, (gunicorn.pid, gunicorn.port)):
+            before = len(chats(agent, [pid]))
+            whole = curl_stream(port, f"events={EVENTS}")
+            cut = curl_stream(port, f"events={EVENTS}&gap=0.2", max_time=0.5)
+            assert (whole[0], len(whole[1]), cut[0]) == (0, EVENTS, 28), (whole, cut)  # 28: curl's timeout
+            assert 0 < len(cut[1]) < EVENTS
+            done, stopped = server_spans(agent, [pid], before + 2)[before:]
+            assert outcome(done) == (True, None, None, {}), done["attrs"]
+            assert done["attrs"]["sitsprobe.genai.stream_events"] == len(whole[1])
+            assert outcome(stopped) == CLIENT_CLOSED, stopped["attrs"]
+            assert done["attrs"]["network.protocol.version"] == "1.0"

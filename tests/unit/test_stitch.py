@@ -263,6 +263,12 @@ def test_an_answer_cut_short_after_its_client_hung_up_is_the_client_s_doing():
     assert seen(peer_ended=1, flags=CF_TUPLE | CF_TCP | CF_CLIENT) == (False, http1.RESPONSE_CUT_OFF, True, "incomplete")
     r = s.on_exchange(exchange(peer_ended=1, **cut))[0]
     assert span_attributes(r)["http.request.size"] == r.bytes_in  # the request was whole
+    # an answer only the close ends (HTTP/1.0's stream): ended by the server's close, cut by the client's
+    by_close = cut | dict(resp=b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", bytes_out=90)
+    assert seen(**by_close) == (True, None, False, None)
+    assert seen(peer_ended=1, **by_close)[:2] == (False, CLIENT_CLOSED)
+    connect = by_close | dict(req=b"CONNECT api.example:443 HTTP/1.1\r\n\r\n", resp=b"HTTP/1.1 200 OK\r\n\r\n")
+    assert seen(peer_ended=1, **connect)[:2] == (True, None)  # a tunnel the client ends
 
 
 def test_a_flushed_exchange_reported_again_by_the_kernel_is_dropped():
@@ -293,6 +299,14 @@ def test_enrich_takes_the_trace_context_the_kernel_found_past_the_head():
     # a tracestate cut before its line end keeps only its whole members
     (cut,) = stitcher().on_exchange(exchange(traceparent=TP.encode(), tracestate=b"a=1,b=2,c=3-cut-h"))
     assert enrich(cut).tracestate == "a=1,b=2"
+
+
+def test_an_http_1_0_request_says_its_version():
+    for version in ("1.0", "1.1"):
+        (r,) = stitcher().on_exchange(exchange(req=f"GET /v1/x HTTP/{version}\r\nHost: a\r\n\r\n".encode()))
+        a = span_attributes(enrich(r))
+        assert (a["network.protocol.name"], a["network.protocol.version"], a["url.path"]) == \
+            ("http", version, "/v1/x")
 
 
 def test_the_heads_own_trace_context_comes_first():

@@ -23,6 +23,8 @@ from ..http import (looks_like_request, parse_request_heads, parse_response_head
 from .common import end_ns, ended_early, transport
 
 NAME = "http/1.1"
+NAME_1_0 = "http/1.0"  # what enrich() makes it for a traced request whose request line says HTTP/1.0
+NAMES = (NAME, NAME_1_0)
 REQUEST_MISSED = "request_missed"  # sitsprobe.partial: only the response was seen
 HEAD_NOT_CAPTURED = "request_head_not_captured"  # a pipelined head past the bytes kept
 RESPONSE_CUT_OFF = "response_cut_off"  # the connection closed before the response's framing ended
@@ -80,14 +82,26 @@ def body_read(ex: Exchange) -> bool:
 
 def cut_off(ex: Exchange) -> bool:
     """Whether an answer the close ended fell short of its own framing: fewer
-    bytes than its Content-Length, or chunked with no terminator. Not known
-    (see _framing): not cut off."""
+    bytes than its Content-Length, or chunked with no terminator; or, a
+    server's answer that only its close ends (HTTP/1.0's streams), when its
+    client hung up first. Not known (see _framing): not cut off."""
     if not ex.status or ex.reason not in (END_CLOSE, END_EXIT):
         return False
     resp = parse_response_head(ex.resp)
     if (resp is None or resp.head_size is None) and ex.payload is not None and ex.payload.writes:
         resp = parse_response_head(ex.payload.writes[0].peek)  # a head longer than ex.resp
-    return _framing(ex, resp) is False
+    framing = _framing(ex, resp)
+    if framing is None and ex.peer_ended and not ex.flags & CF_CLIENT and _ended_by_close(ex, resp):
+        return True
+    return framing is False
+
+
+def _ended_by_close(ex: Exchange, resp) -> bool:
+    """Whether the answer's body is all the server sends until it closes: no
+    length, not chunked (where _framing has found no other end). A tunnel's
+    200 to a CONNECT is no such answer."""
+    return resp is not None and resp.head_size is not None and resp.status >= 200 and not resp.chunked \
+        and resp.content_length is None and not (ex.pipeline == 0 and ex.req.startswith(b"CONNECT "))
 
 
 def requests(ex: Exchange, routes: RouteMapper) -> list[Request]:
@@ -168,7 +182,8 @@ def enrich(r: Request, redact: frozenset[str], keep_query: frozenset[str]) -> Re
     if "user-agent" in redact:
         agent = None
     return r._replace(head=b"", trace_headers=None, tracestate=ts or None,
-                      user_agent=agent, target=redact_target(r.target, keep_query))
+                      user_agent=agent, target=redact_target(r.target, keep_query),
+                      protocol=NAME_1_0 if r.head.partition(b"\r\n")[0].endswith(b" HTTP/1.0") else r.protocol)
 
 
 def _value(raw: bytes) -> str:
@@ -184,5 +199,5 @@ def _list_value(raw: bytes) -> str:
     return v if whole else v.rpartition(",")[0].rstrip(" \t")
 
 
-__all__ = ["NAME", "REQUEST_MISSED", "HEAD_NOT_CAPTURED", "RESPONSE_CUT_OFF", "CLIENT_CLOSED", "claims", "complete", "cut_off",
+__all__ = ["NAME", "NAME_1_0", "NAMES", "REQUEST_MISSED", "HEAD_NOT_CAPTURED", "RESPONSE_CUT_OFF", "CLIENT_CLOSED", "claims", "complete", "cut_off",
            "requests", "enrich"]
