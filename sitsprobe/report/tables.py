@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..config import Report as Settings
 from ..config import Tolerance, Valid, Window
+from ..request import CLIENT_CLOSED
 from .bias import Bias, sampling_bias
 from .load import TimeWindow
 from .quantiles import mean, quantile, tail_size, variance
@@ -154,8 +155,8 @@ def sli(records: Sequence[RequestRecord], windows: Sequence[Window]) -> tuple[Sl
 
 # -- valid responses: EIPR and semantic uptime -------------------------------------------
 
-REASONS = ("status", "no_status", "error", "finish_reason", "no_finish_reason", "empty_answer",
-           "json_invalid")
+REASONS = ("status", "no_status", "error", "client_closed", "finish_reason", "no_finish_reason",
+           "empty_answer", "json_invalid")
 
 
 def invalid_reasons(rec: RequestRecord, valid: Valid) -> list[str]:
@@ -164,6 +165,8 @@ def invalid_reasons(rec: RequestRecord, valid: Valid) -> list[str]:
     - status: its HTTP status is in none of ``valid.status_classes`` ("2xx":
       200..299; "404": that code); no_status: it has none (no response seen);
     - error: it carries ``error.type`` (a 5xx, a response cut short, an error body);
+      client_closed: its client hung up before the answer ended (a stop button, a
+      client's timeout: ``error.type=client_closed``), told apart from the server's errors;
     - finish_reason: a finish reason it gave is not in ``valid.finish_reasons``
       (every choice's must be); no_finish_reason: it gave none and
       ``require_finish_reason`` is true (false: not knowing is no fault);
@@ -178,7 +181,7 @@ def invalid_reasons(rec: RequestRecord, valid: Valid) -> list[str]:
     elif not any(_status_in(rec.status, c) for c in valid.status_classes):
         out.append("status")
     if rec.error_type:
-        out.append("error")
+        out.append("client_closed" if rec.error_type == CLIENT_CLOSED else "error")
     if rec.finish_reasons:
         if any(f not in valid.finish_reasons for f in rec.finish_reasons):
             out.append("finish_reason")

@@ -331,28 +331,30 @@ def test_eipr_and_semantic_uptime_with_invalid_responses():
     recs = [genai(0, status=503, error_type="503"), genai(1, finish_reasons=("content_filter",)),
             genai(2, answer_empty=True), genai(3, json_valid=False), genai(4, finish_reasons=()),
             genai(5, finish_reasons=("stop", "tool_calls")), genai(6, status=None, error_type="incomplete"),
-            genai(7, status=204), genai(8, finish_reasons=("length",), json_valid=True, answer_empty=False)]
-    recs += [genai(i) for i in range(9, 100)]
+            genai(7, status=204), genai(8, finish_reasons=("length",), json_valid=True, answer_empty=False),
+            genai(9, finish_reasons=(), error_type="client_closed")]  # a user's stop button
+    recs += [genai(i) for i in range(10, 100)]
     recs += [record(i * 100, 5) for i in range(3)]  # not GenAI: not counted
     valid = SETTINGS.valid
     assert invalid_reasons(recs[0], valid) == ["status", "error"]
     assert invalid_reasons(recs[4], valid) == []  # no finish reason known: no fault by default
     assert invalid_reasons(recs[6], valid) == ["no_status", "error"]
+    assert invalid_reasons(recs[9], valid) == ["client_closed"]  # not the server's error
     _, window = select(recs, T0, T0 + 10 * 10**9)
     v = validity(recs, valid, SETTINGS.uptime_target, window)
-    assert (v.counted, v.not_genai, v.valid) == (100, 3, 94)
-    assert v.window_s == 10.0 and v.eipr == pytest.approx(9.4)
-    assert v.uptime == pytest.approx(0.94) and v.target == 0.999 and v.met is False
-    assert v.invalid == {"status": 1, "no_status": 1, "error": 2, "finish_reason": 2,
+    assert (v.counted, v.not_genai, v.valid) == (100, 3, 93)
+    assert v.window_s == 10.0 and v.eipr == pytest.approx(9.3)
+    assert v.uptime == pytest.approx(0.93) and v.target == 0.999 and v.met is False
+    assert v.invalid == {"status": 1, "no_status": 1, "error": 2, "client_closed": 1, "finish_reason": 2,
                          "empty_answer": 1, "json_invalid": 1}
     strict = config.Valid(status_classes=("200",), finish_reasons=("stop", "length"), require_finish_reason=True,
                           require_answer=False, require_json_valid=False)
     v = validity(recs, strict, 0.9, window)
-    assert v.valid == 94 - 1 + 1 + 1 - 1  # no finish reason and 204 now fail; empty and bad JSON pass
-    assert v.invalid["no_finish_reason"] == 1 and v.met is True
+    assert v.valid == 93 - 1 + 1 + 1 - 1  # no finish reason and 204 now fail; empty and bad JSON pass
+    assert v.invalid["no_finish_reason"] == 2 and v.met is True  # recs[4]'s, and the stopped one's
     _, implicit = select(recs)  # oldest start to newest end: 0 .. 9.95 s
     v = validity(recs, valid, 0.9, implicit)
-    assert v.window_s == pytest.approx(9.95) and v.eipr == pytest.approx(94 / 9.95) and v.met is True
+    assert v.window_s == pytest.approx(9.95) and v.eipr == pytest.approx(93 / 9.95) and v.met is True
     none = validity([record(0, 5)], valid, 0.999, implicit)
     assert (none.counted, none.eipr, none.uptime, none.met) == (0, None, None, None)
 
