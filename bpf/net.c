@@ -1246,6 +1246,7 @@ static __always_inline void want_chunk(struct conn *c, struct args *a, long ret,
     st->h.size = ret > 0 ? ret : 0;
     st->h.flags = c->flags;
     st->h.dir = dir;
+    st->h.peer_ended = c->peer_ended;
     st->h.t = c->t;
     st->h.link_key = st->h.link_start = 0;
     st->a = *a;
@@ -1329,7 +1330,7 @@ int send_chunk(void *ctx) { return send_chunk_(ctx, 0); }
 static __always_inline void close_chunk(struct conn *c)
 {
     struct chunk_head h = {.tgid = c->tgid, .fd = c->fd, .ts_ns = bpf_ktime_get_ns(), .flags = c->flags,
-                           .dir = CH_CLOSE, .t = c->t};
+                           .dir = CH_CLOSE, .peer_ended = c->peer_ended, .t = c->t};
     if (streams.ringbuf_output(&h, sizeof(h), wake(1, sizeof(h))))
         count(C_CHUNKS_LOST);
 }
@@ -2129,7 +2130,8 @@ static __always_inline void learn_sock(struct conn *c, __u64 sk)
  * exchange was under way: its FIN came before the process closed (TCP's
  * CLOSE_WAIT), or a call failed on its reset (ECONNRESET; EPIPE, a write
  * after it). A server's answer cut off after that is its client's doing (a
- * stop button, a timeout), not the server's (conn.peer_ended). An
+ * stop button, a timeout), not the server's (conn.peer_ended; an HTTP/2
+ * connection's, whatever its streams, goes with its chunks). An
  * end-of-file read is no such sign: it also ends a lingering close, where
  * the process shut its side first (gunicorn's sync worker). seq moves, so a
  * copy read before is not kept. */
@@ -2137,7 +2139,7 @@ static __always_inline void peer_ended_on(__u64 sk)
 {
     __u64 *key = sk_conns.lookup(&sk);
     struct conn *c = key ? conns.lookup(key) : NULL;
-    if (c && c->sk == sk && c->state != ST_IDLE && !c->peer_ended) {
+    if (c && c->sk == sk && (c->state != ST_IDLE || c->flags & CF_STREAM) && !c->peer_ended) {
         c->peer_ended = 1;
         __sync_fetch_and_add(&c->seq, 2);
     }

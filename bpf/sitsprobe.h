@@ -318,6 +318,7 @@ struct chunk_head {
     __u16 len;   /* of those, copied into data */
     __u16 flags; /* the conn's: CF_CLIENT, CF_TUPLE */
     __u8 dir;    /* enum chunk_dir: in = the process read them */
+    __u8 peer_ended; /* as struct conn's: the peer ended its side before the process closed */
     struct tuple t;
     __u64 link_key;   /* as struct conn.link_key, for the streams this chunk begins: a client's */
     __u64 link_start; /* write, the server exchange its thread serves; a server's read, the */

@@ -68,6 +68,7 @@ class Chunk(NamedTuple):
     data: bytes
     link_key: int = 0  # struct chunk_head.link_key/link_start: what the streams it begins belong to
     link_start: int = 0
+    peer_ended: int = 0  # 1: the peer ended its side before the process closed (struct conn.peer_ended)
 
 
 class Beat(NamedTuple):

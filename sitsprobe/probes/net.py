@@ -326,7 +326,7 @@ class ChunkDecoder:
     """A `struct chunk` ring record (its head, then the bytes copied) as a Chunk."""
 
     _FIELDS = ("tgid", "fd", "ts_ns", "size", "len", "flags", "dir", "t.family", "t.lport",
-               "t.rport", "t.laddr", "t.raddr", "link_key", "link_start")
+               "t.rport", "t.laddr", "t.raddr", "link_key", "link_start", "peer_ended")
 
     def __init__(self, chunk_type):
         head = dict(chunk_type._fields_)["h"]
@@ -337,12 +337,12 @@ class ChunkDecoder:
 
     def __call__(self, buf: bytes) -> Chunk:
         tgid, fd, ts_ns, size, n, flags, direction, family, lport, rport, laddr, raddr, link_key, \
-            link_start = self._pick(self._unpack(buf))
+            link_start, peer_ended = self._pick(self._unpack(buf))
         tuple_ok = flags & CF_TUPLE
         return Chunk(tgid, fd, ts_ns, direction, size, flags,
                      _endpoint(family, laddr, lport) if tuple_ok else None,
                      _endpoint(family, raddr, rport) if tuple_ok else None,
-                     buf[self._size:self._size + n], link_key, link_start)
+                     buf[self._size:self._size + n], link_key, link_start, peer_ended)
 
 
 class NetProbe(RingReader):

@@ -56,7 +56,7 @@ class StreamStitcher:
     def on_chunk(self, ch: Chunk) -> list[Request]:
         key = (ch.tgid, ch.fd)
         if ch.dir == CH_CLOSE:
-            return self._close(key, ch.ts_ns)
+            return self._close(key, ch.ts_ns, ch.peer_ended)
         c = self._conns.get(key)
         if c is None:
             side = "client" if ch.flags & CF_CLIENT else "server"
@@ -68,7 +68,7 @@ class StreamStitcher:
                 del c.links[next(iter(c.links))]
         c.conn.feed(ch.ts_ns, "in" if ch.dir == CH_IN else "out", ch.data, ch.size)
         if ch.flags & CF_CLOSING:  # TCP ended it during this call: the chunk is its close too
-            return self._close(key, ch.ts_ns)
+            return self._close(key, ch.ts_ns, ch.peer_ended)
         return self._requests(c)
 
     def forget(self, tgid: int, now_ns: int) -> list[Request]:
@@ -84,11 +84,11 @@ class StreamStitcher:
             out += self._close(key, now_ns)
         return out
 
-    def _close(self, key: tuple[int, int], ts_ns: int) -> list[Request]:
+    def _close(self, key: tuple[int, int], ts_ns: int, peer_ended: bool = False) -> list[Request]:
         c = self._conns.pop(key, None)
         if c is None:
             return []
-        c.conn.close(ts_ns)
+        c.conn.close(ts_ns, peer_ended)
         out = self._requests(c)
         self._fold(self._closed, self._name_of(c.first.tgid), c.conn)
         return out

@@ -14,7 +14,9 @@ hypercorn (h2c with prior knowledge, plain ASGI):
   GET /status/NNN     status NNN, a short body
   GET /big/N          200, N bytes (DATA frames beyond the captured bytes)
 h2 (the h2 library's server side, h2c with prior knowledge, under a thin
-  socket loop here): the same paths,
+  socket loop here): the same paths, and
+  GET /drip/N         200, N server-sent events, 50 ms apart (the loop ends the
+                      connection once a write fails: its client has gone);
   DATA frames of at most 512 bytes, every write a sendmsg of 9-byte slices:
   a vectored write of hundreds of entries (grpc-core writes its frames as
   many small slices too)
@@ -126,8 +128,19 @@ def serve_h2() -> None:
             send(sock, c.data_to_send())
             while data := sock.recv(65536):
                 for ev in c.receive_data(data):
-                    if isinstance(ev, h2.events.RequestReceived):
-                        status, body = _answer(dict(ev.headers)[b":path"].decode())
+                    if isinstance(ev, h2.events.RequestReceived) and \
+                            (path := dict(ev.headers)[b":path"].decode()).startswith("/drip/"):
+                        c.send_headers(ev.stream_id, [(":status", "200"), ("content-type", "text/event-stream")])
+                        for i in range(int(path[6:])):
+                            c.send_data(ev.stream_id, b"data: %d\n\n" % i)
+                            try:
+                                send(sock, c.data_to_send())
+                            except OSError:  # the client has gone (EPIPE, ECONNRESET): close
+                                return
+                            time.sleep(0.05)
+                        c.end_stream(ev.stream_id)
+                    elif isinstance(ev, h2.events.RequestReceived):
+                        status, body = _answer(path)
                         c.send_headers(ev.stream_id, [(":status", str(status)), ("content-type", "text/plain"),
                                                       ("content-length", str(len(body)))])
                         unsent[ev.stream_id] = body

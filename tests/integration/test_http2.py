@@ -144,6 +144,28 @@ def test_a_call_its_client_cancels_mid_stream_is_the_client_s_doing(agent):
     assert len(got) <= a["sitsprobe.rpc.response_messages"] < 50
 
 
+def test_a_stream_left_open_by_a_client_that_drops_the_connection_is_client_closed(agent):
+    """httpx's HTTP/2 client sends no RST_STREAM for a response it stops
+    reading: closing the client closes the connection with the stream still
+    open. The server's span (h2's, whose loop closes once a write fails)
+    says client_closed, with no error status. (hypercorn kept such a
+    connection in CLOSE_WAIT for 6 s in one run here, over 40 s in another:
+    a stream's span waits for the close.)"""
+    import httpx
+
+    with H2Peer(agent, "h2") as server:
+        with httpx.Client(http1=False, http2=True, base_url=f"http://127.0.0.1:{server.port}", timeout=10) as c:
+            with c.stream("GET", "/drip/40") as r:
+                got = [line for line, _ in zip((x for x in r.iter_lines() if x), range(2))]
+        span = wait_until(lambda: [s for s in agent.traces.for_pid(server.pid)
+                                   if s["kind"] == SERVER and s["attrs"].get("url.path") == "/drip/40"], 15,
+                          "the stream's span")[0]
+    a = span["attrs"]
+    assert len(got) == 2 and r.http_version == "HTTP/2"
+    assert (a["http.response.status_code"], a["sitsprobe.complete"], a.get("sitsprobe.partial"),
+            a.get("error.type"), span["status"]) == (200, False, "client_closed", "client_closed", {})
+
+
 def test_a_stream_held_on_a_zero_window_says_how_long(agent):
     """A client (the h2 library on a socket) with a 4 KiB stream window that
     lets the server send more only 0.25 s after each window is used up: the

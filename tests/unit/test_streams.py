@@ -101,6 +101,28 @@ def test_close_and_a_missed_start():
     assert s.counts()[("server", "partial")] == 1
 
 
+def test_a_connection_its_client_dropped_leaves_its_open_streams_client_closed():
+    """A client that closes the connection with a stream still open (httpx
+    sends no RST_STREAM for a response it stops reading): where its side
+    ended first (struct chunk_head.peer_ended), the stream is client_closed,
+    no error; a connection the server closed leaves it cut short, an error."""
+    got = []
+    for peer_ended in (1, 0):
+        w = Wire()
+        w.call(1, "/v1/models", grpc_status=None)
+        w.client.send_headers(3, [(":method", "GET"), (":path", "/v1/stream"), (":scheme", "http"),
+                                  (":authority", "svc")], end_stream=True)
+        w.flush()
+        w.server.send_headers(3, [(":status", "200"), ("content-type", "text/event-stream")])
+        w.server.send_data(3, b"data: 1\n\n")
+        w.flush()
+        close = Chunk(7, 3, 10**10, CH_CLOSE, 0, CF_TUPLE, LOCAL, PEER, b"", peer_ended=peer_ended)
+        reqs, _ = stitch(w.chunks + [close])
+        got.append([(r.path, r.complete, r.partial, r.is_error) for r in reqs])
+    assert got == [[("/v1/models", True, None, False), ("/v1/stream", False, "client_closed", False)],
+                   [("/v1/models", True, None, False), ("/v1/stream", False, None, True)]]
+
+
 def test_a_chunk_sent_as_tcp_closed_its_connection_is_its_last():
     """The kernel's last chunk of a connection TCP ended during that very call
     (a reset drawn by the send of the answer's trailers) carries CF_CLOSING

@@ -262,9 +262,13 @@ class Connection:
         done, self._done = self._done, []
         return done
 
-    def close(self, ts_ns: int) -> None:
-        """The connection closed: every open stream is finished incomplete."""
+    def close(self, ts_ns: int, peer_ended: bool = False) -> None:
+        """The connection closed: every open stream is finished incomplete.
+        ``peer_ended``: the peer ended its side first; a server's client that
+        left its streams open gave up on them (CLIENT_CLOSED)."""
         for st in list(self._open.values()):
+            if peer_ended and self.side == "server" and not st.ended[RESP]:
+                st.partial = st.partial or CLIENT_CLOSED
             self._finish(st, ts_ns, False)
 
     def _sync(self, h: _Half, mv):
