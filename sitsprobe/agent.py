@@ -45,6 +45,7 @@ from .stitch import genai
 from .stitch.engine import EngineJoin
 from .stitch.exchange import Stitcher, enrich, exited
 from .stitch.join import Joiner, Trace
+from .stitch.protocols.http2_payload import Limits
 from .stitch.streams import StreamStitcher
 from .stitch.protocols import http1, resp
 from .stitch.segments import StageSegments, segments
@@ -103,16 +104,20 @@ class Agent:
         self._tls_next: dict[int, float] = {}  # pid -> when to look for its libssl again
         self._tls_said: set[int] = set()  # pids whose opaque TLS the log explained
         routes = RouteMapper(list(config.routes.templates), config.routes.collapse_ids, config.routes.max_routes)
-        self.stitcher = Stitcher(routes, writes_per_exchange=config.capture.max_writes)
-        self.streams = StreamStitcher(routes, lambda pid: self.tracked.get(pid, "?"))
+        cap = config.capture
+        self.stitcher = Stitcher(routes, writes_per_exchange=cap.max_writes)
+        self.streams = StreamStitcher(
+            routes, lambda pid: self.tracked.get(pid, "?"),
+            Limits(cap.body_bytes, cap.tail_bytes, cap.write_peek_bytes, cap.max_writes) if cap.genai else None,
+            cap.max_payloads)
         self.engine = EngineJoin(config.engine.join_wait_ms * 1_000_000)
         self.recent = Recent(config.report.recent_requests) if config.report.recent_requests else None
         self._report_keep = kept_attributes(config.report.windows)
         e = config.engine
         self._stage_segments = StageSegments(e.scheduling_stages, e.io_stages, e.cache_stages,
                                              e.network_stages)
-        self._redact = frozenset(config.capture.redact_headers)
-        self._keep_query = frozenset(config.capture.keep_query_params)
+        self._redact = frozenset(cap.redact_headers)
+        self._keep_query = frozenset(cap.keep_query_params)
         self.tracked: dict[int, str] = {}  # pid -> comm
         self._thread_names: dict[tuple[int, str], str] = {}  # (pid, a thread's comm) -> the process's
         self.names = procs.Names()  # pid -> comm: the traced, and the last few thousand that exited

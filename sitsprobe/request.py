@@ -109,8 +109,9 @@ class Write(NamedTuple):  # a tuple: a stream makes one a token, and it is made 
 
 
 class Payload(NamedTuple):
-    """What the kernel kept of one exchange's payloads beyond the request head,
-    for :mod:`sitsprobe.stitch.genai`; bounded by ``capture.genai``, never
+    """What the kernel kept of one exchange's payloads beyond the request head
+    (of an HTTP/2 stream, the agent: stitch.protocols.http2_payload), for
+    :mod:`sitsprobe.stitch.genai`; bounded by ``capture.genai``, never
     exported. Pieces may overlap one another and the head: each says where
     it comes from, none is assumed whole."""
 
@@ -119,6 +120,11 @@ class Payload(NamedTuple):
     response_tail: bytes = b""  # the last bytes of the response
     writes: tuple[Write, ...] = ()  # the response's writes in order, the first (with the head) first
     writes_total: int = 0  # every response write, including any past those kept
+    # Where the protocol keeps the head apart from the body (HTTP/2: HEADERS and DATA frames), the
+    # request body's size (None: its end not seen) and the response's header fields; the writes are
+    # then the body's (its DATA frames), with no head in the first.
+    request_size: int | None = None
+    response_headers: dict[str, str] | None = None
 
 
 class GenAI(NamedTuple):

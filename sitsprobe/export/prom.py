@@ -502,6 +502,8 @@ class Http2Metrics:
         "skipped_bytes": "HTTP/2 bytes not decoded once a connection's framing was lost",
         "window_updates_in": "WINDOW_UPDATE frames the traced process received (its peer let it send more)",
         "window_updates_out": "WINDOW_UPDATE frames the traced process sent",
+        "payloads_not_kept": "POST streams to GenAI endpoints whose payload was not kept "
+                             "(capture.max_payloads were kept at once): no gen_ai.* attributes",
     }
 
     def __init__(self, counts: Callable[[], dict[tuple[str, str], int]]):

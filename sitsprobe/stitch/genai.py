@@ -52,7 +52,7 @@ from typing import NamedTuple
 from ..request import GenAI, Payload, Request, Write
 from . import genai_shapes as shapes
 from .genai_shapes import MAX_NAME, Shape, label, loads
-from .http import ResponseHead, parse_request_heads, parse_response_head
+from .http import ResponseHead, head_apart, parse_request_heads, parse_response_head
 
 __all__ = ["from_markers", "merge", "read"]
 
@@ -134,8 +134,12 @@ def _request(req: Request, p: Payload) -> shapes.Get:
     end = req.head.find(b"\r\n\r\n")
     in_head = req.head[end + 4:] if end >= 0 else b""
     prefix = in_head if in_head.startswith(p.request_body) else p.request_body
-    heads = parse_request_heads(req.head, limit=1)
-    whole = _join(prefix, p.request_tail, heads[0].content_length if heads else None)
+    if p.request_size is not None:  # the protocol's own count (HTTP/2's DATA)
+        total = p.request_size
+    else:
+        heads = parse_request_heads(req.head, limit=1)
+        total = heads[0].content_length if heads else None
+    whole = _join(prefix, p.request_tail, total)
     return shapes.getter(prefix if whole is None else whole, prefix, p.request_tail)
 
 
@@ -151,7 +155,7 @@ def _join(prefix: bytes, tail: bytes, total: int | None) -> bytes | None:
 # -- the response ---------------------------------------------------------------------
 
 def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bool) -> GenAI:
-    p, head = _final_response(p)
+    p, head = _final_response(p, req.status)
     status = head.status if head else req.status
     encoding = _encoding(head)
     decoded = True
@@ -159,6 +163,8 @@ def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bo
         events, chunks_ended, kind = quick
     else:
         pieces, chunks_ended = _body(p, head)
+        # a body apart from its head (HTTP/2) ends with its stream, as a chunked one with its last chunk
+        chunks_ended = chunks_ended or (p.response_headers is not None and req.complete)
         if encoding is not None:
             g = g._replace(content_encoding=encoding)
             pieces, decoded = _decoded(pieces, encoding)
@@ -284,9 +290,12 @@ def _decoded(pieces: list[_Piece], encoding: str) -> tuple[list[_Piece], bool]:
     return out, d.eof
 
 
-def _final_response(p: Payload) -> tuple[Payload, ResponseHead | None]:
+def _final_response(p: Payload, status: int | None = None) -> tuple[Payload, ResponseHead | None]:
     """``p`` from the final response's head on, past interim 1xx ones (100
-    Continue), and that head (None: its first write is no response head)."""
+    Continue), and that head (None: its first write is no response head). A
+    head that came apart from the body has ``status``."""
+    if p.response_headers is not None:
+        return p, head_apart(status, p.response_headers)
     writes = p.writes
     for _ in range(4):
         head = parse_response_head(writes[0].peek) if writes else None
@@ -571,9 +580,9 @@ def _whole(req: Request, p: Payload, shape: Shape, g: GenAI, head, status,
     kept_all = p.writes and p.writes_total <= len(p.writes)
     total = sum(w.size for w in p.writes) if kept_all else req.bytes_out
     raw = _join(b"".join(seen), p.response_tail, total)
-    rh = parse_response_head(raw) if raw else None
+    rh = head if p.response_headers is not None else parse_response_head(raw) if raw else None
     obj = None
-    if rh is not None and rh.head_size:
+    if raw is not None and rh is not None and rh.head_size is not None:
         body = raw[rh.head_size:]
         if rh.chunked:
             body = b"".join(pc.data for pc in _dechunk([(0, body, 0, False)])[0])

@@ -191,6 +191,18 @@ def parse_response_head(data: bytes) -> ResponseHead | None:
     )
 
 
+def head_apart(status: int | None, headers: dict[str, str]) -> ResponseHead:
+    """A response head that came apart from its body (HTTP/2's HEADERS
+    frame: no chunking, the body's bytes are all body), as parse_response_head
+    gives one; ``headers`` with lower-case names."""
+    return ResponseHead(
+        version="2", status=status or 0, reason="", headers=headers, complete=True,
+        content_length=_content_length(headers), chunked=False,
+        event_stream=headers.get("content-type", "").lower().startswith("text/event-stream"),
+        head_size=0,
+    )
+
+
 def _headers(data: bytes, nl: int) -> tuple[dict[str, str], int]:
     """Header fields after the start line ending at ``data[nl]`` (a LF), and
     the index just past the blank line ending the head (-1 if not captured).

@@ -5,6 +5,9 @@ for the integration tests, and for trying the agent by hand):
     python tests/integration/genai_replay.py --port 8000 --gap-ms 5
 
 It prints ``ready`` once it listens (``port N`` first, with ``--port 0``).
+``--server`` picks who serves it: uvicorn (HTTP/1.1, the default), or over
+HTTP/2 with prior knowledge (h2c, as gateways and gRPC-style clients speak
+it) hypercorn (Python, the h2 library) or granian (Rust, hyper's h2).
 A POST to a fixture's path (/v1/chat/completions, /v1/completions,
 /v1/embeddings, /generate, /generate_stream, /api/chat, /api/generate,
 /completion), or to one ending in it (a gateway's /openai/v1/chat/completions),
@@ -29,6 +32,8 @@ import json
 import re
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 import uvicorn
@@ -157,7 +162,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, required=True, help="0: any free port, printed")
     ap.add_argument("--gap-ms", type=float, default=5.0, help="between a stream's events")
     ap.add_argument("--layout", choices=LAYOUTS, default="events", help="how answers are written (above)")
+    ap.add_argument("--server", choices=("uvicorn", "hypercorn", "granian"), default="uvicorn",
+                    help="uvicorn: HTTP/1.1; hypercorn, granian: HTTP/2 (h2c, prior knowledge)")
     args = ap.parse_args(argv)
+    application = app(args.gap_ms / 1000, args.layout)
+    if args.server != "uvicorn":
+        serve_h2c(args.server, application, args.host, args.port)
+        return
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
@@ -165,8 +176,42 @@ def main(argv: list[str] | None = None) -> None:
     if args.port == 0:
         print(f"port {sock.getsockname()[1]}", flush=True)
     print("ready", flush=True)  # connections queue on the listening socket until served
-    config = uvicorn.Config(app(args.gap_ms / 1000, args.layout), log_level="critical", access_log=False)
+    config = uvicorn.Config(application, log_level="critical", access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def serve_h2c(server: str, application: Starlette, host: str, port: int) -> None:
+    """hypercorn or granian serving HTTP/2 alone, in this process (neither
+    takes a bound socket: the port is found free, then bound by the server)."""
+    if port == 0:
+        with socket.create_server((host, 0)) as probe:
+            port = probe.getsockname()[1]
+        print(f"port {port}", flush=True)
+    threading.Thread(target=_say_ready, args=(host, port), daemon=True).start()
+    if server == "hypercorn":
+        from hypercorn.asyncio import serve
+        from hypercorn.config import Config
+
+        config = Config()
+        config.bind, config.loglevel = [f"{host}:{port}"], "WARNING"
+        asyncio.run(serve(application, config))
+    else:
+        from granian.constants import HTTPModes, Interfaces
+        from granian.server.embed import Server
+
+        asyncio.run(Server(application, host, port, interface=Interfaces.ASGI, http=HTTPModes.http2,
+                           log_enabled=False).serve())
+
+
+def _say_ready(host: str, port: int) -> None:
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+        except OSError:
+            time.sleep(0.05)
+            continue
+        print("ready", flush=True)
+        return
 
 
 if __name__ == "__main__":

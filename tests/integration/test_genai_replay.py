@@ -25,10 +25,10 @@ HERE = Path(__file__).resolve().parent
 
 
 class Replay(Owned):
-    def __init__(self, gap_ms: float = 2.0, layout: str = "events"):
+    def __init__(self, gap_ms: float = 2.0, layout: str = "events", server: str = "uvicorn"):
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "genai_replay.py"), "--port", "0", "--gap-ms", str(gap_ms),
-             "--host", "127.0.0.1", "--layout", layout],
+             "--host", "127.0.0.1", "--layout", layout, "--server", server],
             stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline().split()[1])
         assert self.proc.stdout.readline().strip() == "ready"

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpack import Decoder, HPACKError
 
-from ...request import CLIENT_CLOSED
+from ...request import CLIENT_CLOSED, Payload
+from .http2_payload import Kept
 
 NAME = "http/2"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -111,19 +113,20 @@ class Stream:
     user_agent: str | None
     traceparent: str | None
     tracestate: str | None
+    payload: Payload | None = None  # the pieces kept for stitch.genai, where its owner asked
 
 
 class _Live:
     """A stream being followed; lists are indexed by REQ/RESP."""
     __slots__ = ("authority", "blocked", "ctype", "end", "ended", "first", "gpre", "grpc_message",
-                 "grpc_status", "gskip", "method", "msgs", "nbytes", "partial", "path", "reset",
-                 "scheme", "sid", "start", "status", "tp", "tstate", "ua", "wait", "win")
+                 "grpc_status", "gskip", "kept", "method", "msgs", "nbytes", "partial", "path",
+                 "reset", "scheme", "sid", "start", "status", "tp", "tstate", "ua", "wait", "win")
 
     def __init__(self, sid: int, ts: int, win: int, wait: int | None):
         self.sid, self.start, self.end, self.first = sid, ts, ts, None
         self.method = self.path = self.authority = self.scheme = self.status = None
         self.grpc_status = self.grpc_message = self.reset = self.blocked = None
-        self.partial = self.ua = self.tp = self.tstate = None
+        self.partial = self.ua = self.tp = self.tstate = self.kept = None
         self.ctype, self.msgs = [None, None], [None, None]
         self.nbytes, self.gskip, self.gpre = [0, 0], [0, 0], [b"", b""]
         self.ended = [False, False]
@@ -133,15 +136,16 @@ class _Live:
 class _Half:
     """One direction: where its framing stands, and its HPACK decoder."""
     __slots__ = ("block", "block_bad", "block_end", "block_push", "block_sid", "block_ts", "buf",
-                 "d", "data_left", "decoder", "flags", "head", "hpack_ok", "left", "length",
-                 "lost", "max_frame", "mode", "pad", "pre", "role", "sid", "st", "synced", "t")
+                 "d", "data_left", "data_ts", "decoder", "flags", "head", "hpack_ok", "left",
+                 "length", "lost", "max_frame", "mode", "pad", "pre", "role", "sid", "st", "synced",
+                 "t")
 
     def __init__(self, d: int, role: int, started: bool):
         self.d, self.role = d, role
         self.synced = started and role == RESP  # the client's bytes start with the preface
         self.lost, self.pre, self.head, self.buf = False, 0, bytearray(), bytearray()
         self.left = self.length = self.mode = self.t = self.flags = self.sid = 0
-        self.pad = self.data_left = 0
+        self.pad = self.data_left = self.data_ts = 0
         self.st = self.block = self.block_bad = None
         self.block_sid = self.block_end = self.block_ts = 0
         self.block_push = False
@@ -203,12 +207,15 @@ def _text(v: bytes | None) -> str | None:
 class Connection:
     """The streams of one HTTP/2 connection; `side` is what the traced
     process is ("server" reads requests, "client" writes them). Never raises
-    on the bytes it is fed; what it could not follow is counted."""
+    on the bytes it is fed; what it could not follow is counted. ``keep``:
+    asked of each request's method and path, a keeper of its payload pieces
+    (http2_payload.Kept), or None to keep none."""
 
-    def __init__(self, side: str, started: bool = True):
+    def __init__(self, side: str, started: bool = True,
+                 keep: Callable[[str | None, str | None], Kept | None] | None = None):
         if side not in ("server", "client"):
             raise ValueError(f"side must be 'server' or 'client', not {side!r}")
-        self.side, self.started = side, started
+        self.side, self.started, self._keep = side, started, keep
         req = IN if side == "server" else OUT
         self._half = (_Half(IN, REQ if req == IN else RESP, started),
                       _Half(OUT, REQ if req == OUT else RESP, started))
@@ -364,7 +371,7 @@ class Connection:
             self._block_done(h, ts)
         h.t, h.flags, h.sid, h.left, h.length = t, flags, sid, length, length
         if t == DATA:
-            h.mode, h.st = _DATA, self._open.get(sid)
+            h.mode, h.st, h.data_ts = _DATA, self._open.get(sid), ts
             h.pad, h.data_left = (-1, 0) if flags & PADDED else (0, length)
             if not sid:
                 self.frame_errors += 1
@@ -405,6 +412,10 @@ class Connection:
             st.nbytes[h.role] += n
             if st.msgs[h.role] is not None:
                 _grpc(st, h.role, v[i:i + n])
+            if st.kept is not None and h.role == REQ:
+                st.kept.request(v[i:i + n])
+            elif st.kept is not None:
+                st.kept.response(v[i:i + n])
 
     def _data_gap(self, h: _Half, g: int) -> None:
         st, r = h.st, h.role
@@ -416,6 +427,11 @@ class Connection:
         if st is None:
             return
         st.nbytes[r] += n
+        if st.kept is not None and n:
+            if r == REQ:
+                st.kept.request_gap()
+            else:
+                st.kept.response_gap(n)
         if st.msgs[r] is not None:
             if hidden or st.gpre[r] or st.gskip[r] < n:
                 st.msgs[r] = None  # a prefix fell in the gap
@@ -432,6 +448,8 @@ class Connection:
         if st is None or self._open.get(h.sid) is not st:
             return
         st.end = ts
+        if st.kept is not None and h.role == RESP:
+            st.kept.frame_end(h.data_ts)
         if flow:
             st.win -= h.length
             if (not h.flags & END_STREAM and st.blocked is None
@@ -543,6 +561,8 @@ class Connection:
                 st.ua, st.tp = _text(f.get(b"user-agent")), _text(f.get(b"traceparent"))
                 st.tstate = _text(f.get(b"tracestate"))
                 self._content_type(st, REQ, f.get(b"content-type"))
+                if self._keep is not None:
+                    st.kept = self._keep(st.method, st.path)
             if self._refused is not None and sid > self._refused[0]:
                 st.reset = self._refused[1]  # the server said it will not process it
                 self._finish(st, ts)
@@ -572,6 +592,8 @@ class Connection:
             if (gm := f.get(b"grpc-message")) is not None:
                 st.grpc_message = gm.decode("latin-1")[:GRPC_MESSAGE_CHARS]
             self._content_type(st, RESP, f.get(b"content-type"))
+            if st.kept is not None and (st.status or 0) >= 200:
+                st.kept.response_headers(headers)
         if end:
             self._end(st, RESP, ts)
 
@@ -614,7 +636,8 @@ class Connection:
             st.sid, st.start, st.end, st.first, st.method, st.path, st.authority, st.scheme,
             st.status, st.ctype[RESP] or st.ctype[REQ], st.grpc_status, st.grpc_message,
             st.nbytes[REQ], st.nbytes[RESP], st.msgs[REQ], st.msgs[RESP], st.reset, st.wait,
-            st.ended[RESP] if complete is None else complete, st.partial, st.ua, st.tp, st.tstate))
+            st.ended[RESP] if complete is None else complete, st.partial, st.ua, st.tp, st.tstate,
+            None if st.kept is None else st.kept.payload(st.nbytes[REQ] if st.ended[REQ] else None)))
 
     def _settings(self, h: _Half, p, ts: int) -> None:
         """SETTINGS: a table size bounds the peer's HPACK encoder, whose table
