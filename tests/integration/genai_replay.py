@@ -7,7 +7,8 @@ for the integration tests, and for trying the agent by hand):
 It prints ``ready`` once it listens (``port N`` first, with ``--port 0``).
 ``--server`` picks who serves it: uvicorn (HTTP/1.1, the default), or over
 HTTP/2 with prior knowledge (h2c, as gateways and gRPC-style clients speak
-it) hypercorn (Python, the h2 library) or granian (Rust, hyper's h2).
+it) hypercorn (Python, the h2 library) or granian (Rust, hyper's h2);
+``--tls CERT KEY``: hypercorn over TLS instead, HTTP/2 by ALPN.
 A POST to a fixture's path (/v1/chat/completions, /v1/completions,
 /v1/embeddings, /generate, /generate_stream, /api/chat, /api/generate,
 /completion), or to one ending in it (a gateway's /openai/v1/chat/completions),
@@ -164,10 +165,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layout", choices=LAYOUTS, default="events", help="how answers are written (above)")
     ap.add_argument("--server", choices=("uvicorn", "hypercorn", "granian"), default="uvicorn",
                     help="uvicorn: HTTP/1.1; hypercorn, granian: HTTP/2 (h2c, prior knowledge)")
+    ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="hypercorn: over TLS (h2 by ALPN)")
     args = ap.parse_args(argv)
     application = app(args.gap_ms / 1000, args.layout)
+    if args.tls and args.server != "hypercorn":
+        ap.error("--tls: with --server hypercorn only")
     if args.server != "uvicorn":
-        serve_h2c(args.server, application, args.host, args.port)
+        serve_h2(args.server, application, args.host, args.port, args.tls)
         return
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -180,9 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
-def serve_h2c(server: str, application: Starlette, host: str, port: int) -> None:
-    """hypercorn or granian serving HTTP/2 alone, in this process (neither
-    takes a bound socket: the port is found free, then bound by the server)."""
+def serve_h2(server: str, application: Starlette, host: str, port: int, tls: list[str] | None) -> None:
+    """hypercorn or granian serving HTTP/2, in this process (neither takes a
+    bound socket: the port is found free, then bound by the server)."""
     if port == 0:
         with socket.create_server((host, 0)) as probe:
             port = probe.getsockname()[1]
@@ -194,6 +198,8 @@ def serve_h2c(server: str, application: Starlette, host: str, port: int) -> None
 
         config = Config()
         config.bind, config.loglevel = [f"{host}:{port}"], "WARNING"
+        if tls:
+            config.certfile, config.keyfile = tls
         asyncio.run(serve(application, config))
     else:
         from granian.constants import HTTPModes, Interfaces

@@ -18,6 +18,7 @@ import pytest
 from ..unit.test_genai import INDEX
 from .conftest import running_agent, wait_until
 from .test_genai_replay import Replay, expected, request_for
+from .test_tls import certificate  # noqa: F401 (a fixture)
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("h2")
@@ -80,18 +81,25 @@ def test_recorded_servers_over_http2_come_out_as_recorded(tmp_path):
     assert "SECRET" not in json.dumps([s["attrs"] for v in spans.values() for s in v])
 
 
-def test_a_chat_the_openai_client_streams_over_http2_says_what_it_received(tmp_path):
+def test_a_chat_the_openai_client_streams_over_http2_says_what_it_received(tmp_path, certificate):
+    """The official client on httpx's HTTP/2, to each h2c server and to hypercorn
+    over TLS (h2 by ALPN, read through the libssl uprobes)."""
     openai = pytest.importorskip("openai")
     (tmp_path / "agent").mkdir()
     with contextlib.ExitStack() as owned:
         servers = {name: owned.enter_context(Replay(server=name, gap_ms=5)) for name in SERVERS}
+        servers["hypercorn over TLS"] = owned.enter_context(Replay(server="hypercorn", gap_ms=5, tls=certificate))
         agent = owned.enter_context(running_agent(
             tmp_path / "agent", {"pids": [s.proc.pid for s in servers.values()], "cmdline": []}, {}, {}))
-        seen = {}
         for server, replay in servers.items():
+            tls = server.endswith("TLS")
             wait_until(lambda: agent.tracks(replay.proc.pid), 15, f"the agent to track {server}")
-            http = owned.enter_context(httpx.Client(http1=False, http2=True))
-            chat = openai.OpenAI(base_url=f"http://127.0.0.1:{replay.port}/v1", api_key="none",
+            if tls:
+                wait_until(lambda: agent.metric("sitsprobe_tls_processes", pid=replay.proc.pid) == 1, 10,
+                           "the agent to hook hypercorn's libssl")
+            http = owned.enter_context(httpx.Client(http1=False, http2=True, verify=False))
+            scheme = "https" if tls else "http"
+            chat = openai.OpenAI(base_url=f"{scheme}://127.0.0.1:{replay.port}/v1", api_key="none",
                                  max_retries=0, http_client=http).chat.completions.create
             chunks = content = 0
             for ch in chat(model="meta-llama/Llama-3.1-8B-Instruct", stream=True,
@@ -100,11 +108,11 @@ def test_a_chat_the_openai_client_streams_over_http2_says_what_it_received(tmp_p
                 chunks += 1
                 content += bool(ch.choices and ch.choices[0].delta.content)
                 model, usage = ch.model, ch.usage or None
-            seen[server] = (chunks, content, model, usage.prompt_tokens, usage.completion_tokens)
             (span,) = agent.traces.wait_for_port(replay.port, 1, timeout=20)
             a = span["attrs"]
             assert (a["sitsprobe.genai.stream_events"], a["sitsprobe.genai.content_events"],
                     a["gen_ai.response.model"], a["gen_ai.usage.input_tokens"],
-                    a["gen_ai.usage.output_tokens"]) == seen[server], (server, a)
-            assert a["network.protocol.version"] == "2" and a["gen_ai.request.model"] == model
-            assert a["gen_ai.server.time_to_first_token"] > 0
+                    a["gen_ai.usage.output_tokens"]) == (
+                chunks, content, model, usage.prompt_tokens, usage.completion_tokens), (server, a)
+            assert (a["network.protocol.version"], a["url.scheme"]) == ("2", scheme), (server, a)
+            assert a["gen_ai.request.model"] == model and a["gen_ai.server.time_to_first_token"] > 0

@@ -25,10 +25,11 @@ HERE = Path(__file__).resolve().parent
 
 
 class Replay(Owned):
-    def __init__(self, gap_ms: float = 2.0, layout: str = "events", server: str = "uvicorn"):
+    def __init__(self, gap_ms: float = 2.0, layout: str = "events", server: str = "uvicorn",
+                 tls: tuple[str, str] | None = None):
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "genai_replay.py"), "--port", "0", "--gap-ms", str(gap_ms),
-             "--host", "127.0.0.1", "--layout", layout, "--server", server],
+             "--host", "127.0.0.1", "--layout", layout, "--server", server, *(("--tls", *tls) if tls else ())],
             stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline().split()[1])
         assert self.proc.stdout.readline().strip() == "ready"
