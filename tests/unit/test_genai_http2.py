@@ -12,7 +12,7 @@ import h2.config
 import h2.connection
 import pytest
 
-from sitsprobe.abi import CF_TUPLE, CH_CLOSE, CH_IN, CH_OUT
+from sitsprobe.abi import CF_CLIENT, CF_TUPLE, CH_CLOSE, CH_IN, CH_OUT
 from sitsprobe.events import Chunk
 from sitsprobe.request import GenAI, Endpoint
 from sitsprobe.routes import RouteMapper
@@ -170,3 +170,12 @@ def test_a_request_whose_model_is_past_the_first_bytes_is_read_from_its_tail():
     r, g = read_one(served("vllm_chat", request=padded))
     assert len(r.payload.request_body) == LIMITS.body and r.payload.request_size == len(padded)
     assert g.request_model == AS_WRITTEN["vllm_chat"]["request_model"]
+
+
+def test_a_traced_clients_call_keeps_nothing():
+    """As over HTTP/1: GenAI meaning is a server's (its metrics, the report);
+    a gateway's call to its upstream would count the request twice."""
+    chunks = [c._replace(dir=CH_OUT if c.dir == CH_IN else CH_IN if c.dir == CH_OUT else c.dir,
+                         flags=c.flags | CF_CLIENT) for c in served("vllm_chat")]
+    out, _ = stitched(chunks)
+    assert [(r.direction, r.method, r.payload) for r in out] == [("client", "POST", None)]
