@@ -21,11 +21,11 @@ from ..stitch.protocols import http1
 from ..stitch.segments import SEGMENTS
 from .buckets import (BATCH_BUCKETS, DURATION_BUCKETS, GENAI_DURATION_BUCKETS, SEGMENT_BUCKETS, TPOT_BUCKETS,
                       TTFT_BUCKETS)
-from .semconv import (DB_CLIENT_DURATION, DB_OPERATION, DB_SYSTEM, GENAI_DURATION, GENAI_TOKENS,
+from .semconv import (DB_CLIENT_DURATION, DB_OPERATION, DB_SYSTEM, ERROR_TYPE, GENAI_DURATION, GENAI_TOKENS,
                       GENAI_TPOT, GENAI_TTFT, HTTP_CLIENT_DURATION, HTTP_DURATION, KNOWN_METHODS, METHOD,
-                      MODEL, OTHER, ROUTE, RPC_CLIENT_DURATION, RPC_METHOD, RPC_SERVER_DURATION,
+                      MODEL, OPERATION, OTHER, PROVIDER, ROUTE, RPC_CLIENT_DURATION, RPC_METHOD, RPC_SERVER_DURATION,
                       RPC_STATUS, RPC_SYSTEM, SERVER_ADDRESS, SERVER_PORT, STATUS, TOKEN_TYPE,
-                      UNFRAMED_EXCHANGES, grpc_method, grpc_status_name, is_client, is_grpc, is_http,
+                      UNFRAMED_EXCHANGES, error_type, grpc_method, grpc_status_name, is_client, is_grpc, is_http,
                       is_redis, is_unframed, server_endpoint)
 
 SLOW_REFRESH = 64  # observations between re-reading a model's p99 duration
@@ -59,17 +59,12 @@ class Histograms:
         h[0] = [a + b for a, b in zip(h[0], counts)]
         h[1] += total
 
-    def quantile_of(self, labels: tuple[str, ...], q: float) -> float | None:
-        """Of one series, as histogram_quantile reads it."""
-        h = self._series.get(labels)
-        if h is None:
-            return None
-        cumulative = list(itertools.accumulate(h[0]))
-        return histogram_quantile(q, list(zip((*self.buckets, float("inf")), cumulative)))
-
-    def quantile(self, q: float) -> float | None:
-        """Over all series, as histogram_quantile (and `top`) reads the buckets."""
-        counts = [sum(c) for c in zip(*(h[0] for h in self._series.values()))]
+    def quantile(self, q: float, where: Callable[[tuple[str, ...]], bool] | None = None) -> float | None:
+        """Over all series (or those whose labels ``where`` takes), summed, as
+        histogram_quantile (and `top`) reads the buckets."""
+        series = self._series.values() if where is None else \
+            [h for labels, h in self._series.items() if where(labels)]
+        counts = [sum(c) for c in zip(*(h[0] for h in series))]
         cumulative = list(itertools.accumulate(counts))
         return histogram_quantile(q, list(zip((*self.buckets, float("inf")), cumulative)))
 
@@ -273,33 +268,38 @@ class RequestMetrics:
 
 class EngineMetrics:
     """GenAI server metrics from requests whose GenAI meaning is known (the
-    wire, the markers), by process and model; and, per model, where the slow
-    tail's time went: the segments of the requests at or above the model's
-    p99 duration (re-read from its histogram every SLOW_REFRESH requests)."""
+    wire, the markers), by process, and by the conventions' operation,
+    provider and model (the duration also by error type); and, per model,
+    where the slow tail's time went: the segments of the requests at or
+    above the model's p99 duration (re-read from its histogram every
+    SLOW_REFRESH requests)."""
 
     def __init__(self, who: tuple[str, ...] = ("process",)):
         self.who = who
+        genai = (*who, OPERATION, PROVIDER, MODEL)
         self.ttft = Histograms(GENAI_TTFT,
                                "Time to first token: first request byte in to the first output "
                                "(the first content event written, or the end of prefill)",
-                               (*who, MODEL), TTFT_BUCKETS)
-        self.tpot = Histograms(GENAI_TPOT,
-                               "Time per output token after the first", (*who, MODEL), TPOT_BUCKETS)
+                               genai, TTFT_BUCKETS)
+        self.tpot = Histograms(GENAI_TPOT, "Time per output token after the first", genai, TPOT_BUCKETS)
         self.duration = Histograms(GENAI_DURATION,
-                                   "Inference request duration, seen from the network",
-                                   (*who, MODEL), GENAI_DURATION_BUCKETS)
+                                   f"Inference request duration, seen from the network ({ERROR_TYPE}: "
+                                   "the span's error.type, client_closed for an answer its client left)",
+                                   (*genai, ERROR_TYPE), GENAI_DURATION_BUCKETS)
         self.batch = Histograms("sitsprobe_engine_batch_size", "Requests served per batched step",
                                 (), BATCH_BUCKETS)
         self.cache: dict[tuple[str, ...], list[int]] = {}  # (*who, cache) -> [hits, misses]
-        self.tokens: dict[tuple[str, ...], int] = {}  # (*who, model, type) -> tokens
+        self.tokens: dict[tuple[str, ...], int] = {}  # (*who, operation, provider, model, type) -> tokens
         self.slow: dict[tuple[str, ...], list] = {}  # (*who, model) -> [p99 s, seen, seconds by segment]
 
     def observe(self, r: Request, who: tuple[str, ...] | None = None) -> None:
         """who: the request's values of the who labels (its process's name alone by default)."""
         g = r.genai
-        labels = (*(who or (r.comm,)), g.request_model or g.response_model or "")
+        who = who or (r.comm,)
+        model = g.request_model or g.response_model or ""
+        labels = (*who, g.operation or "", g.provider or "", model)
         seconds = r.duration_ns / 1e9
-        self.duration.observe(labels, seconds)
+        self.duration.observe((*labels, error_type(r) or ""), seconds)
         if (ttft := r.ttft_ns) is not None:
             self.ttft.observe(labels, ttft / 1e9)
         if (tpot := r.tpot_ns) is not None:
@@ -309,18 +309,21 @@ class EngineMetrics:
                 key = (*labels, kind)
                 self.tokens[key] = self.tokens.get(key, 0) + n
         if r.segments is not None:
-            self._slow(labels, seconds, r.segments)
+            self._slow((*who, model), seconds, r.segments)
         for c in r.inference.cache if r.inference is not None else ():
-            counts = self.cache.setdefault((*labels[:-1], c.cache), [0, 0])
+            counts = self.cache.setdefault((*who, c.cache), [0, 0])
             counts[0 if c.hit else 1] += 1
 
-    def _slow(self, labels: tuple[str, ...], seconds: float, segments: tuple[int, ...]) -> None:
-        slow = self.slow.get(labels)
+    def _slow(self, key: tuple[str, ...], seconds: float, segments: tuple[int, ...]) -> None:
+        """key: (*who, model); its p99 is over the model's duration series, every error type's."""
+        slow = self.slow.get(key)
         if slow is None:
-            slow = self.slow[labels] = [0.0, 0, [0.0] * len(SEGMENTS)]
+            slow = self.slow[key] = [0.0, 0, [0.0] * len(SEGMENTS)]
         slow[1] += 1
         if slow[1] % SLOW_REFRESH == 1:
-            slow[0] = self.duration.quantile_of(labels, 0.99) or 0.0
+            n = len(self.who)
+            slow[0] = self.duration.quantile(
+                0.99, lambda labels: labels[:n] == key[:n] and labels[n + 2] == key[n]) or 0.0
         if seconds >= slow[0]:
             for i, ns in enumerate(segments):
                 slow[2][i] += ns / 1e9
@@ -337,7 +340,7 @@ class EngineMetrics:
             ratio.add_metric(list(key), hits / (hits + misses))
         tokens = CounterMetricFamily(GENAI_TOKENS, f"Tokens in and out ({TOKEN_TYPE}: input, output), "
                                      "from the usage the server reported, or its stream events counted",
-                                     labels=(*self.who, MODEL, TOKEN_TYPE))
+                                     labels=(*self.who, OPERATION, PROVIDER, MODEL, TOKEN_TYPE))
         for key, n in self.tokens.items():
             tokens.add_metric(list(key), n)
         slow = CounterMetricFamily("sitsprobe_gen_ai_slow_tail_segment_seconds",

@@ -62,12 +62,14 @@ SERVER_ADDRESS, SERVER_PORT = "server_address", "server_port"
 RPC_SYSTEM, RPC_METHOD, RPC_STATUS = "rpc_system_name", "rpc_method", "rpc_response_status_code"
 DB_SYSTEM, DB_OPERATION = "db_system_name", "db_operation_name"
 MODEL, TOKEN_TYPE = "gen_ai_request_model", "gen_ai_token_type"
+OPERATION, PROVIDER, ERROR_TYPE = "gen_ai_operation_name", "gen_ai_provider_name", "error_type"
 LABEL_ATTRIBUTES = {
     METHOD: "http.request.method", ROUTE: "http.route", STATUS: "http.response.status_code",
     SERVER_ADDRESS: "server.address", SERVER_PORT: "server.port",
     RPC_SYSTEM: "rpc.system.name", RPC_METHOD: "rpc.method", RPC_STATUS: "rpc.response.status_code",
     DB_SYSTEM: "db.system.name", DB_OPERATION: "db.operation.name",
     MODEL: "gen_ai.request.model", TOKEN_TYPE: "gen_ai.token.type",
+    OPERATION: "gen_ai.operation.name", PROVIDER: "gen_ai.provider.name", ERROR_TYPE: "error.type",
 }
 # a request's latency segments (stitch.segments), seconds, in SEGMENTS order: they add up to its duration
 LATENCY_ATTRIBUTES = tuple(f"sitsprobe.latency.{name}_s" for name in SEGMENTS)
@@ -162,7 +164,7 @@ def span_attributes(req: Request) -> Attributes:
         "sitsprobe.complete": req.complete,
         "sitsprobe.partial": req.partial,
         "network.transport": req.transport,  # None (not TCP) is left out below
-        "error.type": _error_type(req),
+        "error.type": error_type(req),
     }
     if req.first_out_ns is not None:
         attrs["sitsprobe.time_to_first_byte_s"] = (req.first_out_ns - req.start_ns) / 1e9
@@ -181,7 +183,6 @@ def span_attributes(req: Request) -> Attributes:
         attrs.update(_http2(req.h2))
     if req.genai is not None:
         attrs.update(_gen_ai(req))
-        attrs["error.type"] = attrs["error.type"] or req.genai.error_type
     if req.inference is not None:  # what only the engine's markers tell
         attrs["sitsprobe.engine.request_id"] = req.inference.request_id
         attrs["sitsprobe.kv_cache.peak_bytes"] = req.inference.kv_bytes
@@ -340,6 +341,13 @@ def is_error(req: Request) -> bool:
     error of the server's."""
     kind = _error_type(req)
     return kind is not None and kind != CLIENT_CLOSED
+
+
+def error_type(req: Request) -> str | None:
+    """A span's error.type (and its duration metric's, where the conventions
+    give it one): the protocol's (_error_type), else an error its GenAI answer
+    told (an error body, an error event)."""
+    return _error_type(req) or (req.genai.error_type if req.genai is not None else None)
 
 
 def _error_type(req: Request) -> str | None:

@@ -1,0 +1,87 @@
+"""The GenAI server metrics carry the conventions' attributes: the operation
+and the provider on every one (Required), error.type on the request duration
+(where the request ended in one, as its span says it), so that a chat its user
+stopped, one the server cut off and one the server refused are told apart.
+The slow tail's p99 is still a model's, whatever the error types."""
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sitsprobe.export.prom import EngineMetrics
+from sitsprobe.export.semconv import span_attributes
+from sitsprobe.request import CLIENT_CLOSED, Endpoint, GenAI, Request
+
+MS = 1_000_000
+
+
+def chat(model: str, ms: float, *, status: int = 200, complete: bool = True, partial: str | None = None,
+         error: str | None = None, provider: str | None = "openai") -> Request:
+    g = GenAI(source="wire", operation="chat", provider=provider, request_model=model, input_tokens=5,
+              output_tokens=3, error_type=error)
+    return Request(pid=7, comm="vllm", fd=9, start_ns=0, end_ns=int(ms * MS), first_out_ns=MS, bytes_in=100,
+                   bytes_out=200, local=Endpoint("127.0.0.1", 8000), peer=Endpoint("127.0.0.1", 50000),
+                   method="POST", target="/v1/chat/completions", path="/v1/chat/completions",
+                   route="/v1/chat/completions", status=status, complete=complete, partial=partial,
+                   genai=g, segments=(int(ms * MS), 0, 0, 0, 0))
+
+
+def samples(m: EngineMetrics, name: str) -> dict[tuple, float]:
+    reg = CollectorRegistry()
+    reg.register(type("C", (), {"collect": lambda self: m.families()})())
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for s in fam.samples:
+            if s.name == name:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_the_duration_says_each_requests_error_type_as_its_span_does():
+    m = EngineMetrics()
+    requests = [chat("m", 20), chat("m", 30),
+                chat("m", 900, complete=False, partial=CLIENT_CLOSED),  # its user pressed stop
+                chat("m", 400, complete=False, partial="response_cut_off"),  # the server gave up
+                chat("m", 2, status=400, error="invalid_request_error"),  # refused, the body says why
+                chat("m", 3, status=503, error="overloaded_error")]
+    for r in requests:
+        m.observe(r)
+    got = samples(m, "gen_ai_server_request_duration_seconds_count")
+    base = (("gen_ai_operation_name", "chat"), ("gen_ai_provider_name", "openai"), ("gen_ai_request_model", "m"))
+    want = {"": 2, "client_closed": 1, "incomplete": 1, "invalid_request_error": 1, "503": 1}
+    assert got == {tuple(sorted((*base, ("error_type", e), ("process", "vllm")))): float(n)
+                   for e, n in want.items()}
+    for r in requests:  # the label is the span's error.type
+        assert span_attributes(r).get("error.type", "") in want
+    assert {span_attributes(r).get("error.type", "") for r in requests} == set(want)
+
+
+@pytest.mark.parametrize("name", ["gen_ai_server_time_to_first_token_seconds_count",
+                                  "gen_ai_server_tokens_total"])
+def test_every_genai_metric_names_the_operation_and_the_provider(name):
+    m = EngineMetrics()
+    m.observe(chat("m", 20)._replace(genai=chat("m", 20).genai._replace(first_token_ns=5 * MS)))
+    m.observe(chat("n", 20, provider=None))  # the markers of an engine whose path is not an API's
+    labels = {dict(k)["gen_ai_request_model"]: (dict(k)["gen_ai_operation_name"], dict(k)["gen_ai_provider_name"])
+              for k in samples(m, name)}
+    assert labels["m"] == ("chat", "openai")
+    if name == "gen_ai_server_tokens_total":
+        assert labels["n"] == ("chat", "")
+
+
+def test_the_slow_tail_is_a_models_whatever_the_error_types():
+    """Model a is slow (2 s), model b fast (10 ms, half of them stopped by their
+    users). b's p99 is b's own, over both error types: a 1 s b request is in
+    b's slow tail, b's 1 ms ones after the p99 was read are not."""
+    m = EngineMetrics()
+    for i in range(64):
+        m.observe(chat("a", 2000))
+        m.observe(chat("b", 10) if i % 2 else chat("b", 10, complete=False, partial=CLIENT_CLOSED))
+    for _ in range(10):
+        m.observe(chat("b", 1))
+    m.observe(chat("b", 1000, complete=False, partial=CLIENT_CLOSED))
+    tail = {dict(k)["gen_ai_request_model"]: v for k, v in
+            samples(m, "sitsprobe_gen_ai_slow_tail_segment_seconds_total").items() if ("segment", "network") in k}
+    # every 10 ms one is at its own bucket's p99 or above (its bucket read alone), the 1 ms ones are below
+    assert tail["b"] == pytest.approx(64 * 0.010 + 1.0)
