@@ -178,6 +178,8 @@ def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bo
     g, unsure = _unseen_events(g, p, events, kind, shape) if encoding is None else (g, not decoded)
     tail = _tail_text(p.response_tail) if encoding is None else b""
     approximate = p.writes_total > len(p.writes) or unsure
+    if p.writes_total > len(p.writes) and p.response_tail and encoding is None:
+        g = _untimed_writes(req, g, p, kind, shape, tail, head is not None and head.chunked)
     ended = ended or b"[DONE]" in tail
     sure = not approximate and g.error_type is None and (ended or chunks_ended)
     empty = False if g.content_events else True if sure else None
@@ -207,14 +209,17 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
         seen[ts] = seen.get(ts, 0) + 1
         done_seen = done_seen or data == b"[DONE]"
     unsure, extra, content, first, last = False, 0, 0, g.first_token_ns, g.last_token_ns
-    closing = _closing_events(p.response_tail, kind, shape)
+    # the end's events ([DONE], the closing ones) are in the last cut write only if no write
+    # past those kept came after it (_untimed_writes counts those)
+    at_end = p.writes_total <= len(p.writes)
+    closing = _closing_events(p.response_tail, kind, shape) if at_end else 0
     for w in cut:
         if not w.scanned:
             unsure = True  # not counted (a write the kernel could not read whole)
             continue
         unsure = unsure or w.scanned < w.size
         hidden = (w.data_lines if kind == "sse" else w.json_lines) - seen.get(w.ts_ns, 0)
-        if kind == "sse" and not done_seen and hidden > 0 and w is cut[-1]:
+        if kind == "sse" and not done_seen and hidden > 0 and w is cut[-1] and at_end:
             if b"[DONE]" in p.response_tail:
                 hidden -= 1
             elif not p.response_tail:  # the end not known (a write of more pieces than kept): a
@@ -232,6 +237,25 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
         return g, unsure
     return g._replace(events=g.events + extra, content_events=g.content_events + content,
                    first_token_ns=first, last_token_ns=last), unsure
+
+
+def _untimed_writes(req: Request, g: GenAI, p: Payload, kind: str, shape: Shape, tail: bytes,
+                    chunked: bool) -> GenAI:
+    """``g`` with the writes past those kept (capture.max_writes: a long
+    answer), counted, not timed: each is taken for one event, as streaming
+    servers write a token a write (a floor where one held several); of them,
+    a ``[DONE]``, a chunked body's last chunk and the stream's closing events
+    (as its tail shows them: without one nothing is added) are no content. The last token was written by
+    the response's end, the one time known past the kept writes: the time
+    per output token stays the whole answer's, not its first writes'."""
+    events = p.writes_total - len(p.writes) - (b"[DONE]" in tail) - chunked
+    content = events - _closing_events(p.response_tail, kind, shape)
+    if events <= 0:
+        return g
+    if content <= 0:
+        return g._replace(events=g.events + events)
+    return g._replace(events=g.events + events, content_events=g.content_events + content,
+                      last_token_ns=max(req.end_ns, g.last_token_ns or 0))
 
 
 def _closing_events(tail: bytes, kind: str, shape: Shape) -> int:

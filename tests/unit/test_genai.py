@@ -251,9 +251,11 @@ def test_however_the_writes_fall_the_events_are_the_same(name, cut, expect):
     ("vllm_chat_stream", {"kept": 4},
      {"events": 3, "content_events": 2, "last_token_ns": at(3), "output_tokens": 2,
       "usage_source": "counted_events", "answer_empty": False}),
+    # ... and with the tail: the writes not kept counted as an event each, less the closing one
+    # and the last chunk; the last token by the response's end (the last chunk's write)
     ("ollama_chat_stream", {"kept": 3, "tail": 400},
-     {"events": 2, "content_events": 2, "input_tokens": 26, "output_tokens": 3,
-      "usage_source": "stream_usage", "finish_reasons": ("stop",)}),
+     {"events": 4, "content_events": 3, "input_tokens": 26, "output_tokens": 3,
+      "usage_source": "stream_usage", "finish_reasons": ("stop",), "last_token_ns": at(5)}),
 ])
 def test_a_stream_seen_in_part(name, seen, expect):
     g = read(exchange(name, written(name), **seen))
@@ -302,6 +304,40 @@ def test_a_stream_that_coalesced_once_is_counted_exactly(name):
     truth = read(exchange(name, written(name)))
     g = read(exchange(name, parts, peek=max(len(p) for p in parts[1:3]) + 8, counted=True, tail=512))
     assert (g.events, g.content_events, g.events_approximate) == (truth.events, truth.content_events, False)
+
+
+def long_answer(name: str, tokens: int) -> list[bytes]:
+    """Fixture ``name``'s stream with its first content event written ``tokens``
+    times, and its usage saying so (a long answer: a reasoning model's)."""
+    head, *chunks = written(name)
+    body = [c.partition(b"\r\n")[2][:-2] for c in chunks if c != b"0\r\n\r\n"]
+    first = next(i for i, b in enumerate(body) if read_content(name, b))
+    body[first:first + 1] = [body[first]] * tokens
+    body = [re.sub(rb'("completion_tokens"|"eval_count"):\d+', rb"\1:%d" % tokens, b) for b in body]
+    return [head, *(b"%x\r\n%s\r\n" % (len(b), b) for b in body), b"0\r\n\r\n"]
+
+
+def read_content(name: str, event: bytes) -> bool:
+    """Whether one event of fixture ``name`` carries output, as read alone."""
+    return read(exchange(name, [written(name)[0], b"%x\r\n%s\r\n" % (len(event), event), b"0\r\n\r\n"])
+                ).content_events == 1
+
+
+@pytest.mark.parametrize("name", ["vllm_chat_stream", "ollama_chat_stream"])
+def test_a_stream_longer_than_the_writes_kept_is_counted_whole_and_timed_by_its_end(name):
+    """capture.max_writes (here 50) of an answer of 400 tokens: the writes not
+    kept are counted, an event each, and the last token is taken at the
+    response's end, so the time per output token is the answer's, not that of
+    its first 50 writes (a quarter of it, before)."""
+    parts = long_answer(name, 400)
+    whole = exchange(name, parts, tail=512)
+    cut = exchange(name, parts, tail=512, kept=50)
+    g, w = read(cut), read(whole)
+    assert (g.events, g.content_events, g.output_tokens) == (w.events, w.content_events, w.output_tokens)
+    assert w.output_tokens == 400 and w.content_events > 400 and g.events_approximate
+    r, rw = cut._replace(genai=g), whole._replace(genai=w)
+    assert r.tpot_ns == pytest.approx(rw.tpot_ns, rel=0.02)
+    assert (g.first_token_ns, g.last_token_ns) == (w.first_token_ns, cut.end_ns)
 
 
 def test_uncounted_events_past_a_peek_leave_the_count_a_floor():
