@@ -215,3 +215,34 @@ def check_report(path: Path, mode: str) -> None:
         assert shares["scheduling"] > 0.1 and shares["cache"] > 0 and shares["io"] > 0, shares
     else:  # without markers its queue cannot be told from its model
         assert shares["compute"] > 0.5 and shares["cache"] == shares["io"] == 0, shares
+
+
+def test_an_answer_longer_than_the_writes_kept_is_counted_whole(tmp_path):
+    """uvicorn streams 120 tokens 4 ms apart, a write each, to the openai
+    client; the agent times only the first 16 writes (capture.max_writes).
+    The rest are counted: the span has every event the client received, and
+    the time per output token is the whole answer's, not its first writes'."""
+    import httpx  # noqa: F401 (the openai client's transport)
+
+    (tmp_path / "agent").mkdir()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("peers.py")), "uvicorn"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        with running_agent(tmp_path / "agent", {"pids": [proc.pid], "cmdline": []}, {},
+                           {"capture": {"max_writes": 16}}) as agent:
+            wait_until(lambda: agent.tracks(proc.pid), 15, "the agent to track uvicorn")
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+            arrived = [time.monotonic() for ch in client.chat.completions.create(
+                model="flood-1", messages=[{"role": "user", "content": "hi"}], stream=True,
+                extra_query={"events": 120, "gap": 0.004}) if ch.choices[0].delta.content]
+            (span,) = genai_spans(agent, port, 1)
+    finally:
+        proc.kill()
+        proc.wait()
+    a = span["attrs"]
+    assert len(arrived) == 120
+    assert (a["sitsprobe.genai.stream_events"], a["sitsprobe.genai.content_events"],
+            a["gen_ai.usage.output_tokens"], a["sitsprobe.genai.events_approximate"]) == (120, 120, 120, True), a
+    tpot = (arrived[-1] - arrived[0]) / 119
+    assert a["gen_ai.server.time_per_output_token"] == pytest.approx(tpot, rel=0.25), (tpot, a)
