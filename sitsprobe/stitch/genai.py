@@ -86,6 +86,8 @@ def read(req: Request) -> GenAI | None:
     if req.method != "POST" or shape is None or req.payload is None:
         return None
     get = _request(req, req.payload)
+    if shape.for_request is not None:
+        shape = shape.for_request(get)
     ask = shape.ask(get, (req.path or "").rstrip("/"))
     g = GenAI(source="wire", operation=shape.operation, provider=shape.provider,
               request_model=label(get("model"), MAX_NAME), max_tokens=ask.max_tokens,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -26,6 +26,7 @@ OPENAI = "openai"  # the OpenAI API shape, whichever engine (vLLM, SGLang, ...) 
 TGI = "huggingface.tgi"  # Hugging Face text-generation-inference, native API
 OLLAMA = "ollama"
 LLAMA_CPP = "llama.cpp"  # the llama.cpp server's native API
+SGLANG = "sglang"  # SGLang's native API
 
 MAX_CHOICES = 64  # choices looked at per object
 MAX_JSON = 1 << 20  # bytes parsed as one JSON document
@@ -76,6 +77,8 @@ class Shape:
     stream_kind: str = "sse"  # "sse" or "ndjson": when no Content-Type was seen
     finish_of: Callable[[str], str | None] = lambda v: v  # a finish reason found in text
     usage_headers: tuple[str, str] = ("", "")  # response headers counting (input, output)
+    # where two APIs share a path (/generate: TGI's and SGLang's), the one the request speaks
+    for_request: Callable[[Get], "Shape"] | None = None
 
     def finishes(self, data: bytes) -> list[str]:
         """Finish reasons in JSON text that does not parse."""
@@ -195,7 +198,12 @@ def error_of(obj: Any, status: int | None) -> str | None:
         obj = obj[0]
     if not isinstance(obj, dict):
         return None
+    if obj.get("type") == "error":  # an error event of a Responses stream
+        return label(str(obj.get("code") or "")) or "error"
+    resp = obj.get("response")
     err = obj.get("error")
+    if err is None and isinstance(resp, dict) and isinstance(resp.get("error"), dict):
+        err = resp["error"]  # a Responses stream's response.failed
     if isinstance(err, dict) or obj.get("object") == "error":
         src = err if isinstance(err, dict) else obj
         kind = src.get("type") or src.get("code")
@@ -399,12 +407,117 @@ LLAMA_SHAPE = Shape(LLAMA_CPP, "text_completion", _ask_llama, _look_llama,
                     ("tokens_predicted", "predicted_n"), ("stop_type",), finish_of=_llama_finish)
 
 
+# -- OpenAI Responses: /v1/responses ----------------------------------------------------
+# A stream is typed events: deltas carry output; response.created names the model and
+# the last (completed, incomplete, failed) carries the whole response with its usage.
+# Finish reasons in the chat vocabulary (the API has none): a completed response
+# "stop" ("tool_calls" where it called one), an incomplete one its reason
+# (max_output_tokens: "length"), a failed or cancelled one its status.
+
+_RESPONSE_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed",
+                            "response.cancelled"})
+_RESPONSE_REASONS = {"max_output_tokens": "length"}
+
+
+def _ask_responses(get: Get, path: str) -> Ask:
+    return Ask(max_tokens=count(get("max_output_tokens")), stream=get("stream") is True,
+               json=get("text", "format", "type") in ("json_object", "json_schema"))
+
+
+def _look_responses(obj: Any) -> Look:
+    if not isinstance(obj, dict):
+        return Look()
+    kind = obj.get("type")
+    if not isinstance(kind, str):  # a whole body: the response object
+        return _look_response(obj, True)
+    if kind.endswith(".delta"):  # text, reasoning, a tool call's arguments
+        return Look(content=_some(obj.get("delta")))
+    resp = obj.get("response")
+    if not isinstance(resp, dict):
+        return Look()
+    look = _look_response(resp, False)  # its output repeats the deltas: no content of its own
+    return look if kind in _RESPONSE_ENDS else Look(model=look.model)
+
+
+def _look_response(resp: dict, content: bool) -> Look:
+    output = resp.get("output")
+    texts, has, tool = [], False, False
+    for item in output[:MAX_CHOICES] if isinstance(output, list) else ():
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "message":
+            for part in item.get("content") if isinstance(item.get("content"), list) else ():
+                if isinstance(part, dict):
+                    text = part.get("text") if part.get("type") == "output_text" else part.get("refusal")
+                    has = has or _some(text)
+                    if isinstance(text, str) and part.get("type") == "output_text":
+                        texts.append(text)
+        elif item.get("type") is not None:  # reasoning, a function call, a tool's call
+            has, tool = True, tool or item.get("type") == "function_call"
+    status = resp.get("status")
+    details = resp.get("incomplete_details")
+    reason = details.get("reason") if isinstance(details, dict) else None
+    if status == "completed":
+        finish = ("tool_calls",) if tool else ("stop",)
+    elif status == "incomplete" and isinstance(reason, str):
+        finish = (_RESPONSE_REASONS.get(reason, reason),)
+    elif status in ("failed", "cancelled", "incomplete"):
+        finish = (status,)
+    else:
+        finish = ()
+    usage = resp.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    return Look(content=content and has, texts=tuple(texts) if content else (), finish=finish,
+                input_tokens=count(usage.get("input_tokens")), output_tokens=count(usage.get("output_tokens")),
+                model=_str(resp.get("model")), done=bool(finish))
+
+
+RESPONSES_SHAPE = Shape(OPENAI, "chat", _ask_responses, _look_responses, _visible(rb"delta"),
+                        ("input_tokens",), ("output_tokens",), ("reason",),
+                        finish_of=lambda v: _RESPONSE_REASONS.get(v, v))
+
+
+# -- SGLang's native API: /generate (TGI's path too) --------------------------------------
+
+def _ask_sglang(get: Get, path: str) -> Ask:
+    return Ask(max_tokens=count(get("sampling_params", "max_new_tokens")), stream=get("stream") is True,
+               json=get("sampling_params", "json_schema") is not None)
+
+
+def _look_sglang(obj: Any) -> Look:
+    if isinstance(obj, list) and obj:  # a batch: its first
+        obj = obj[0]
+    if not isinstance(obj, dict):
+        return Look()
+    text = _str(obj.get("text"))
+    meta = obj.get("meta_info")
+    meta = meta if isinstance(meta, dict) else {}
+    finish = meta.get("finish_reason")
+    kind = _str(finish.get("type")) if isinstance(finish, dict) else None
+    return Look(content=bool(text), texts=(text,) if text is not None else (), finish=(kind,) if kind else (),
+                input_tokens=count(meta.get("prompt_tokens")), output_tokens=count(meta.get("completion_tokens")),
+                done=kind is not None)
+
+
+SGLANG_SHAPE = Shape(SGLANG, "text_completion", _ask_sglang, _look_sglang, _visible(rb"text"),
+                     ("prompt_tokens",), ("completion_tokens",), ("type",))
+
+
+def _generate(get: Get) -> Shape:
+    """/generate is TGI's and SGLang's: SGLang's request has its prompt in
+    "text" (or "input_ids") and its limits in "sampling_params", TGI's in
+    "inputs" and "parameters"."""
+    sglang = get("inputs") is None and any(get(k) is not None for k in ("text", "input_ids", "sampling_params"))
+    return SGLANG_SHAPE if sglang else TGI_SHAPE
+
+
 # Longest suffix first: /v1/completions is OpenAI's, /completions llama.cpp's.
 ENDPOINTS: tuple[tuple[str, Shape], ...] = tuple(sorted((
     ("/v1/chat/completions", _openai("chat")),
     ("/v1/completions", _openai("text_completion")),
     ("/v1/embeddings", _openai("embeddings")),
-    ("/generate", TGI_SHAPE),
+    ("/v1/responses", RESPONSES_SHAPE),
+    ("/generate", replace(TGI_SHAPE, for_request=_generate)),
     ("/generate_stream", TGI_SHAPE),
     ("/api/chat", _ollama("chat")),
     ("/api/generate", _ollama("text_completion")),

@@ -30,6 +30,7 @@ INDEX = json.loads((FIXTURES / "index.json").read_text())
 T0, MS = 1_000_000_000, 1_000_000  # the request's first byte; writes are 1 ms apart
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 QWEN = "qwen2.5-0.5b-instruct-q8_0.gguf"
+QWEN_HF = "Qwen/Qwen2.5-0.5B-Instruct"
 
 
 def at(i: int) -> int:
@@ -192,6 +193,22 @@ AS_WRITTEN = {
         "llama.cpp", response_model=QWEN, max_tokens=16, finish_reasons=("length",),
         input_tokens=6, output_tokens=16, usage_source="body", answer_empty=False,
         json_requested=True, json_valid=True),
+    # OpenAI's Responses API (vLLM's /v1/responses): cut by max_output_tokens, a "length"
+    "openai_responses": chat(
+        request_model=QWEN_HF, response_model=QWEN_HF, max_tokens=16, finish_reasons=("length",),
+        input_tokens=12, output_tokens=16, usage_source="body", answer_empty=False),
+    # 11 typed events: created, in_progress, item and part added, three text deltas (writes 5-7),
+    # text, part and item done, completed (the usage): no [DONE]
+    "openai_responses_stream": chat(
+        request_model=QWEN_HF, response_model=QWEN_HF, max_tokens=64, finish_reasons=("stop",),
+        input_tokens=14, output_tokens=3, usage_source="stream_usage", **stream(11, 3, 5, 7)),
+    # SGLang's /generate (TGI's path): meta_info's counts and finish_reason.type
+    "sglang_generate": completion(
+        "sglang", max_tokens=16, finish_reasons=("length",), input_tokens=4, output_tokens=16,
+        usage_source="body", answer_empty=False),
+    "sglang_generate_stream": completion(
+        "sglang", max_tokens=32, finish_reasons=("stop",), input_tokens=4, output_tokens=3,
+        usage_source="stream_usage", **stream(3, 3, 1, 3)),
 }
 
 
@@ -373,6 +390,26 @@ def test_server_sent_events_as_the_spec_frames_them():
     g = read(exchange("vllm_chat_stream", parts))
     assert (g.events, g.content_events, g.first_token_ns, g.last_token_ns) == (3, 2, at(2), at(4))
     assert (g.answer_empty, g.output_tokens, g.usage_source) == (False, 2, "counted_events")
+
+
+def test_a_responses_stream_that_fails_says_its_error_and_a_tool_call_is_output():
+    """The Responses API's error event and its response.failed name the error by
+    its code; a function call's arguments are output, and its response's finish
+    reason is "tool_calls"."""
+    def event(kind: str, **fields) -> bytes:
+        return b"event: %s\ndata: %s\n\n" % (kind.encode(), json.dumps({"type": kind, **fields}).encode())
+    failed = read(exchange("openai_responses_stream", sse(
+        event("response.created", response={"model": QWEN_HF, "status": "in_progress"}),
+        event("response.output_text.delta", delta="x"),
+        event("error", code="server_error", message="SECRET-ANSWER"),
+        event("response.failed", response={"status": "failed", "error": {"code": "server_error"}}))))
+    assert (failed.error_type, failed.content_events, failed.response_model) == ("server_error", 1, QWEN_HF)
+    called = read(exchange("openai_responses_stream", sse(
+        event("response.function_call_arguments.delta", delta='{"city"'),
+        event("response.completed", response={"status": "completed", "usage": {"input_tokens": 9, "output_tokens": 4},
+                                              "output": [{"type": "function_call", "arguments": '{"city"}'}]}))))
+    assert (called.content_events, called.finish_reasons, called.output_tokens, called.stream_ended) == (
+        1, ("tool_calls",), 4, True)
 
 
 # -- bodies a gateway compressed (the clients' Accept-Encoding asks for it)
@@ -577,7 +614,7 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
     return bytes(b)
 
 
-NAMING = ("model", "finish_reason", "done_reason", "stop_type", "type", "code", "error_type")
+NAMING = ("model", "finish_reason", "done_reason", "stop_type", "type", "code", "error_type", "reason", "status")
 
 
 def named_in(*pieces: bytes, status: int | None) -> set[str]:
