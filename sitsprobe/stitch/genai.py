@@ -581,8 +581,10 @@ def _stream(shape: Shape, g: GenAI, events: list[tuple[int, bytes]], status):
             content_at.append(len(times) - 1)
         finish += lk.finish
         model, done = model or lk.model, done or lk.done
-        if lk.input_tokens is not None or lk.output_tokens is not None:
-            inputs, outputs = lk.input_tokens, lk.output_tokens  # the last count is the final one
+        # the last count of each is the final one: Anthropic's stream counts the input at its
+        # start and the output at its end
+        inputs = lk.input_tokens if lk.input_tokens is not None else inputs
+        outputs = lk.output_tokens if lk.output_tokens is not None else outputs
     after = times[content_at[0]:] if content_at else []
     return g._replace(
         streaming=True, events=len(times), content_events=len(content_at),

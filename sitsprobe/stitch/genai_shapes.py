@@ -27,6 +27,7 @@ TGI = "huggingface.tgi"  # Hugging Face text-generation-inference, native API
 OLLAMA = "ollama"
 LLAMA_CPP = "llama.cpp"  # the llama.cpp server's native API
 SGLANG = "sglang"  # SGLang's native API
+ANTHROPIC = "anthropic"  # the Anthropic Messages API shape (vLLM, llama.cpp and gateways speak it too)
 
 MAX_CHOICES = 64  # choices looked at per object
 MAX_JSON = 1 << 20  # bytes parsed as one JSON document
@@ -198,18 +199,18 @@ def error_of(obj: Any, status: int | None) -> str | None:
         obj = obj[0]
     if not isinstance(obj, dict):
         return None
-    if obj.get("type") == "error":  # an error event of a Responses stream
-        return label(str(obj.get("code") or "")) or "error"
     resp = obj.get("response")
     err = obj.get("error")
     if err is None and isinstance(resp, dict) and isinstance(resp.get("error"), dict):
         err = resp["error"]  # a Responses stream's response.failed
-    if isinstance(err, dict) or obj.get("object") == "error":
+    if isinstance(err, dict) or obj.get("object") == "error":  # Anthropic's {"type": "error", "error": {...}} too
         src = err if isinstance(err, dict) else obj
         kind = src.get("type") or src.get("code")
         return label(str(kind) if isinstance(kind, (str, int)) else None) or "error"
     if isinstance(err, str):
         return label(obj.get("error_type")) or (str(status) if (status or 0) >= 400 else "error")
+    if obj.get("type") == "error":  # a Responses stream's error event: its code
+        return label(str(obj.get("code") or "")) or "error"
     return None
 
 
@@ -477,6 +478,71 @@ RESPONSES_SHAPE = Shape(OPENAI, "chat", _ask_responses, _look_responses, _visibl
                         finish_of=lambda v: _RESPONSE_REASONS.get(v, v))
 
 
+# -- Anthropic Messages: /v1/messages -------------------------------------------------------
+# A stream: message_start (the model, the input tokens), content block deltas (the output),
+# message_delta (the stop reason, the output tokens), message_stop. Input tokens are the
+# prompt's whole: those read from and written to the prompt cache are counted apart.
+
+_CACHED = ("cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def _ask_anthropic(get: Get, path: str) -> Ask:
+    return Ask(max_tokens=count(get("max_tokens")), stream=get("stream") is True,
+               json=get("output_format", "type") == "json_schema")
+
+
+def _anthropic_usage(usage: Any) -> tuple[int | None, int | None]:
+    if not isinstance(usage, dict):
+        return None, None
+    inputs = count(usage.get("input_tokens"))
+    if inputs is not None:
+        inputs += sum(count(usage.get(k)) or 0 for k in _CACHED)
+    return inputs, count(usage.get("output_tokens"))
+
+
+def _look_anthropic(obj: Any) -> Look:
+    if not isinstance(obj, dict):
+        return Look()
+    kind = obj.get("type")
+    if kind == "content_block_delta":
+        delta = obj.get("delta")
+        delta = delta if isinstance(delta, dict) else {}
+        return Look(content=any(_some(delta.get(k)) for k in ("text", "partial_json", "thinking")))
+    if kind == "message_start":
+        obj, kind = obj.get("message"), "start"
+        if not isinstance(obj, dict):
+            return Look()
+    if kind == "message_delta":
+        delta = obj.get("delta")
+        reason = _str(delta.get("stop_reason")) if isinstance(delta, dict) else None
+        inputs, outputs = _anthropic_usage(obj.get("usage"))
+        return Look(finish=(reason,) if reason else (), input_tokens=inputs, output_tokens=outputs,
+                    done=reason is not None)
+    if kind == "message_stop":
+        return Look(done=True)
+    if kind not in ("message", "start"):
+        return Look()
+    texts, content = [], False
+    blocks = obj.get("content")
+    for b in blocks[:MAX_CHOICES] if isinstance(blocks, list) else ():
+        if isinstance(b, dict):
+            text = b.get("text")
+            if isinstance(text, str):
+                texts.append(text)
+            content = content or _some(text) or b.get("type") in ("tool_use", "thinking", "server_tool_use")
+    reason = _str(obj.get("stop_reason"))
+    inputs, outputs = _anthropic_usage(obj.get("usage"))
+    if kind == "start":  # its output count is a running one: the delta's is the count
+        return Look(model=_str(obj.get("model")), input_tokens=inputs)
+    return Look(content=content, texts=tuple(texts), finish=(reason,) if reason else (), input_tokens=inputs,
+                output_tokens=outputs, model=_str(obj.get("model")), done=True)
+
+
+ANTHROPIC_SHAPE = Shape(ANTHROPIC, "chat", _ask_anthropic, _look_anthropic,
+                        _visible(rb"text|partial_json|thinking"), ("input_tokens",), ("output_tokens",),
+                        ("stop_reason",))
+
+
 # -- SGLang's native API: /generate (TGI's path too) --------------------------------------
 
 def _ask_sglang(get: Get, path: str) -> Ask:
@@ -517,6 +583,7 @@ ENDPOINTS: tuple[tuple[str, Shape], ...] = tuple(sorted((
     ("/v1/completions", _openai("text_completion")),
     ("/v1/embeddings", _openai("embeddings")),
     ("/v1/responses", RESPONSES_SHAPE),
+    ("/v1/messages", ANTHROPIC_SHAPE),
     ("/generate", replace(TGI_SHAPE, for_request=_generate)),
     ("/generate_stream", TGI_SHAPE),
     ("/api/chat", _ollama("chat")),

@@ -31,6 +31,7 @@ T0, MS = 1_000_000_000, 1_000_000  # the request's first byte; writes are 1 ms a
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 QWEN = "qwen2.5-0.5b-instruct-q8_0.gguf"
 QWEN_HF = "Qwen/Qwen2.5-0.5B-Instruct"
+CLAUDE = "claude-sonnet-4-5"
 
 
 def at(i: int) -> int:
@@ -202,6 +203,19 @@ AS_WRITTEN = {
     "openai_responses_stream": chat(
         request_model=QWEN_HF, response_model=QWEN_HF, max_tokens=64, finish_reasons=("stop",),
         input_tokens=14, output_tokens=3, usage_source="stream_usage", **stream(11, 3, 5, 7)),
+    # Anthropic's Messages API: the input tokens count those read from the prompt cache (2048)
+    "anthropic_messages": chat(
+        provider="anthropic", request_model=CLAUDE, response_model=CLAUDE, max_tokens=1024,
+        finish_reasons=("end_turn",), input_tokens=2060, output_tokens=6, usage_source="body",
+        answer_empty=False),
+    # message_start (the input), block start, a ping, three text deltas (writes 4-6), block stop,
+    # message_delta (the stop reason, the output), message_stop
+    "anthropic_messages_stream": chat(
+        provider="anthropic", request_model=CLAUDE, response_model=CLAUDE, max_tokens=256,
+        finish_reasons=("max_tokens",), input_tokens=472, output_tokens=256, usage_source="stream_usage",
+        **stream(9, 3, 4, 6)),
+    "anthropic_error": chat(provider="anthropic", request_model="error", max_tokens=64,
+                            error_type="overloaded_error"),
     # SGLang's /generate (TGI's path): meta_info's counts and finish_reason.type
     "sglang_generate": completion(
         "sglang", max_tokens=16, finish_reasons=("length",), input_tokens=4, output_tokens=16,
@@ -614,7 +628,8 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
     return bytes(b)
 
 
-NAMING = ("model", "finish_reason", "done_reason", "stop_type", "type", "code", "error_type", "reason", "status")
+NAMING = ("model", "finish_reason", "done_reason", "stop_type", "type", "code", "error_type", "reason", "status",
+          "stop_reason")
 
 
 def named_in(*pieces: bytes, status: int | None) -> set[str]:
