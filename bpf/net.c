@@ -674,7 +674,7 @@ static __always_inline void beat(struct conn *c, struct body *b, __u64 ts_ns, __
     st->b.ts_ns = ts_ns;
     st->b.size = ret;
     st->b.pipeline = c->pipeline;
-    st->b.data_lines = st->b.json_lines = st->b.scanned = 0;
+    st->b.data_lines = st->b.json_lines = st->b.scanned = st->b.delta_lines = 0;
     st->index = b->writes;
     st->window = '\n'; /* the write begins a line */
     st->buf = iovp ? 0 : buf;
@@ -732,6 +732,8 @@ static __always_inline __u64 gather(__u64 iovp, __u32 *i, __u64 *off, __u8 *to, 
  * pieces only); 1 while more are to be counted. The verifier follows a loop
  * only so far: one chunk per run of send_beat, which tail-calls itself. */
 #define DATA_LINE 0x0a646174613aULL /* "\ndata:" */
+#define DOT_DELTA 0x2e64656c746122ULL /* `.delta"` */
+#define K_DELTA 0x6b5f64656c746122ULL /* `k_delta"` */
 static __always_inline int count_chunk(struct beat_state *st)
 {
     int zero = 0;
@@ -749,17 +751,19 @@ static __always_inline int count_chunk(struct beat_state *st)
     if (!want)
         return 0;
     __u64 w = st->window;
-    __u32 data = 0, json = 0;
+    __u32 data = 0, json = 0, delta = 0;
     for (int i = 0; i < SCAN_CHUNK; i++) {
         if (i >= want)
             break;
         w = (w << 8) | s->b[i];
         data += (w & 0xffffffffffffULL) == DATA_LINE;
         json += (w & 0xffff) == 0x7d0a; /* "}\n" */
+        delta += (w & 0xffffffffffffffULL) == DOT_DELTA || w == K_DELTA;
     }
     st->window = w;
     st->b.data_lines += data;
     st->b.json_lines += json;
+    st->b.delta_lines += delta;
     st->b.scanned += want;
     return st->b.scanned < st->n && st->b.scanned < WRITE_SCAN;
 }

@@ -275,8 +275,10 @@ struct beat {
     __u16 pipeline;
     __u16 peek_len;
     __u32 data_lines; /* in the first `scanned` bytes of a write longer than its peek: lines */
-    __u32 json_lines; /* that begin "data:" (SSE events) and lines that end "}" (NDJSON) */
+    __u32 json_lines; /* that begin "data:" (SSE events) and lines that end "}" (NDJSON), */
     __u32 scanned;
+    __u32 delta_lines; /* and typed events that carry output: `.delta"` ends the type of a */
+                       /* Responses API delta, `k_delta"` that of Anthropic's content_block_delta */
     __u8 peek[PEEK_CAP];
 };
 

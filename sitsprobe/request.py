@@ -106,6 +106,7 @@ class Write(NamedTuple):  # a tuple: a stream makes one a token, and it is made 
     data_lines: int = 0  # in a write longer than its peek, the kernel counted lines that begin
     json_lines: int = 0  # "data:" (SSE events) and that end "}" (NDJSON objects) ...
     scanned: int = 0  # ... in its first `scanned` bytes (0: not counted, the peek is all of it)
+    delta_lines: int = 0  # ... and typed events that carry output (Responses, Anthropic: their deltas)
 
 
 class Payload(NamedTuple):

@@ -345,9 +345,10 @@ def is_error(req: Request) -> bool:
 
 def error_type(req: Request) -> str | None:
     """A span's error.type (and its duration metric's, where the conventions
-    give it one): the protocol's (_error_type), else an error its GenAI answer
-    told (an error body, an error event)."""
-    return _error_type(req) or (req.genai.error_type if req.genai is not None else None)
+    give it one): the error its GenAI answer named (an error body's type or
+    code, an error event: the GenAI conventions prefer the provider's), else
+    the protocol's (_error_type)."""
+    return (req.genai.error_type if req.genai is not None else None) or _error_type(req)
 
 
 def _error_type(req: Request) -> str | None:

@@ -201,7 +201,9 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
     peek showed are counted already, and a ``[DONE]`` is no event. A server
     that coalesces tokens under load writes several events at once: they
     count, at the time of that write, as content, but for the closing ones
-    (a finish reason, the usage) the response's tail shows."""
+    (a finish reason, the usage) the response's tail shows. Where events are
+    typed (the Responses API, Anthropic's) most are no output: of the hidden
+    ones, the deltas the kernel counted are."""
     cut = [w for w in p.writes if len(w.peek) < w.size]
     if not cut:
         return g, False
@@ -229,11 +231,15 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
         if hidden <= 0:
             continue
         extra += hidden
-        after = sum(seen.get(x.ts_ns, 0) for x in p.writes if x.ts_ns > w.ts_ns)
-        tokens = hidden - min(max(0, closing - after), hidden) if w is cut[-1] else hidden
+        if shape.typed:
+            shown = sum(1 for ts, data in events if ts == w.ts_ns and shape.partial_content(data))
+            tokens = min(hidden, w.delta_lines - shown)
+        else:
+            after = sum(seen.get(x.ts_ns, 0) for x in p.writes if x.ts_ns > w.ts_ns)
+            tokens = hidden - min(max(0, closing - after), hidden) if w is cut[-1] else hidden
         if tokens > 0:
             content += tokens
-            first = w.ts_ns if first is None else first
+            first = w.ts_ns if first is None else min(first, w.ts_ns)
             last = w.ts_ns if last is None else max(last, w.ts_ns)
     if not extra:
         return g, unsure

@@ -80,6 +80,7 @@ class Shape:
     usage_headers: tuple[str, str] = ("", "")  # response headers counting (input, output)
     # where two APIs share a path (/generate: TGI's and SGLang's), the one the request speaks
     for_request: Callable[[Get], "Shape"] | None = None
+    typed: bool = False  # stream events named by type, only the deltas bearing output (Write.delta_lines)
 
     def finishes(self, data: bytes) -> list[str]:
         """Finish reasons in JSON text that does not parse."""
@@ -87,8 +88,10 @@ class Shape:
                 if isinstance(v, str) and (f := self.finish_of(v))]
 
     def glimpse(self, data: bytes) -> Look:
-        """What an event seen only in part shows: output begun, a finish reason."""
-        return Look(content=self.partial_content(data), finish=tuple(self.finishes(data)))
+        """What an event seen only in part shows: output begun, a finish reason,
+        the model (a typed stream's first event, too long for the peek, names it)."""
+        return Look(content=self.partial_content(data), finish=tuple(self.finishes(data)),
+                    model=_str(scan(("model",), data)))
 
 
 def count(v: Any) -> int | None:
@@ -418,6 +421,10 @@ LLAMA_SHAPE = Shape(LLAMA_CPP, "text_completion", _ask_llama, _look_llama,
 _RESPONSE_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed",
                             "response.cancelled"})
 _RESPONSE_REASONS = {"max_output_tokens": "length"}
+# a status or a reason found in text that does not parse (a stream's last event, too long
+# for the peek, read from the tail): what it says of the finish
+_RESPONSE_TEXT = {**_RESPONSE_REASONS, "completed": "stop", "incomplete": None, "in_progress": None,
+                  "queued": None}
 
 
 def _ask_responses(get: Get, path: str) -> Ask:
@@ -474,8 +481,8 @@ def _look_response(resp: dict, content: bool) -> Look:
 
 
 RESPONSES_SHAPE = Shape(OPENAI, "chat", _ask_responses, _look_responses, _visible(rb"delta"),
-                        ("input_tokens",), ("output_tokens",), ("reason",),
-                        finish_of=lambda v: _RESPONSE_REASONS.get(v, v))
+                        ("input_tokens",), ("output_tokens",), ("status", "reason"),
+                        finish_of=lambda v: _RESPONSE_TEXT.get(v, v), typed=True)
 
 
 # -- Anthropic Messages: /v1/messages -------------------------------------------------------
@@ -540,7 +547,7 @@ def _look_anthropic(obj: Any) -> Look:
 
 ANTHROPIC_SHAPE = Shape(ANTHROPIC, "chat", _ask_anthropic, _look_anthropic,
                         _visible(rb"text|partial_json|thinking"), ("input_tokens",), ("output_tokens",),
-                        ("stop_reason",))
+                        ("stop_reason",), typed=True)
 
 
 # -- SGLang's native API: /generate (TGI's path too) --------------------------------------

@@ -108,12 +108,14 @@ def exchange(name: str, parts: list[bytes], *, peek: int | None = None, kept: in
                    head=request[:head] if head is not None else request, payload=payload)
 
 
-def event_lines(write: bytes) -> tuple[int, int, int]:
+def event_lines(write: bytes) -> tuple[int, int, int, int]:
     """What the kernel counts in a write longer than its peek: lines that
-    begin "data:", lines that end "}", bytes counted."""
+    begin "data:", lines that end "}", bytes counted, and typed deltas (the
+    Responses API's `...delta"`, Anthropic's `content_block_delta"`)."""
     lines = write.split(b"\n")
+    deltas = len(re.findall(rb'\.delta"|content_block_delta"', write))
     return (sum(ln.startswith(b"data:") for ln in lines),
-            sum(ln.endswith(b"}") for ln in lines[:-1]), len(write))
+            sum(ln.endswith(b"}") for ln in lines[:-1]), len(write), deltas)
 
 
 def chat(**kw) -> dict:
@@ -404,6 +406,34 @@ def test_server_sent_events_as_the_spec_frames_them():
     g = read(exchange("vllm_chat_stream", parts))
     assert (g.events, g.content_events, g.first_token_ns, g.last_token_ns) == (3, 2, at(2), at(4))
     assert (g.answer_empty, g.output_tokens, g.usage_source) == (False, 2, "counted_events")
+
+
+@pytest.mark.parametrize(("name", "groups", "first"), [
+    # transformers serve's writes: created with in_progress; the item and part added with the
+    # first delta; each later delta; the three ends; completed
+    ("openai_responses_stream", [(1, 2), (3, 4, 5), (6,), (7,), (8, 9, 10), (11,), (12,)], 2),
+    # Anthropic's: the start, block start and ping, then each delta; the ends in one write
+    ("anthropic_messages_stream", [(1,), (2, 3, 4), (5,), (6,), (7, 8, 9), (10,)], 2),
+])
+def test_typed_events_coalesced_past_the_peek_count_only_their_deltas(name, groups, first):
+    """Writes of several typed events, seen by their first 200 bytes: the
+    hidden ones count as events; as output only the deltas the kernel counted,
+    and the first token is the write the first one came in."""
+    parts = written(name)
+    writes = [parts[0], *(b"".join(parts[i] for i in g) for g in groups)]
+    g = read(exchange(name, writes, peek=200, counted=True, tail=512))
+    want = AS_WRITTEN[name]
+    assert (g.events, g.content_events, g.output_tokens, g.first_token_ns) == (
+        want["events"], want["content_events"], want["output_tokens"], at(first))
+
+
+@pytest.mark.parametrize("name", ["openai_responses_stream", "anthropic_messages_stream", "vllm_chat_stream"])
+def test_the_model_of_a_stream_whose_events_are_longer_than_the_peek(name):
+    """The default peek (384 bytes) cuts the Responses API's first event (the
+    whole response object, 540 bytes); the model it names early is read all
+    the same, as from any event seen in part."""
+    g = read(exchange(name, written(name), peek=384, counted=True, tail=512))
+    assert g.response_model == AS_WRITTEN[name]["response_model"]
 
 
 def test_a_responses_stream_that_fails_says_its_error_and_a_tool_call_is_output():

@@ -109,7 +109,7 @@ def test_a_frame_longer_than_its_peek_counts_its_event_lines_as_the_kernel_count
     kept.frame_end(at(1))
     (w,) = kept.payload(None).writes
     assert (w.ts_ns, w.size, w.peek) == (at(1), len(events), events[:40])
-    assert (w.data_lines, w.json_lines, w.scanned) == event_lines(events)
+    assert (w.data_lines, w.json_lines, w.scanned, w.delta_lines) == event_lines(events)
     assert w.data_lines == AS_WRITTEN[name]["events"] + 1  # and [DONE]
     kept = Kept(Limits(body=512, tail=512, peek=40, writes=4096))
     kept.response(events[:100])
@@ -117,7 +117,8 @@ def test_a_frame_longer_than_its_peek_counts_its_event_lines_as_the_kernel_count
     kept.frame_end(at(1))
     (w,) = kept.payload(None).writes
     assert (w.size, w.scanned) == (len(events), 100)
-    assert (w.data_lines, w.json_lines) == event_lines(events[:100])[:2]
+    data, ends, _, deltas = event_lines(events[:100])
+    assert (w.data_lines, w.json_lines, w.delta_lines) == (data, ends, deltas)
 
 
 def test_bytes_not_copied_leave_the_count_a_floor():

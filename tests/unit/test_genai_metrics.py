@@ -44,12 +44,13 @@ def test_the_duration_says_each_requests_error_type_as_its_span_does():
                 chat("m", 900, complete=False, partial=CLIENT_CLOSED),  # its user pressed stop
                 chat("m", 400, complete=False, partial="response_cut_off"),  # the server gave up
                 chat("m", 2, status=400, error="invalid_request_error"),  # refused, the body says why
-                chat("m", 3, status=503, error="overloaded_error")]
+                chat("m", 3, status=503, error="overloaded_error"),  # the provider's word wins
+                chat("m", 4, status=502)]  # no word: the status
     for r in requests:
         m.observe(r)
     got = samples(m, "gen_ai_server_request_duration_seconds_count")
     base = (("gen_ai_operation_name", "chat"), ("gen_ai_provider_name", "openai"), ("gen_ai_request_model", "m"))
-    want = {"": 2, "client_closed": 1, "incomplete": 1, "invalid_request_error": 1, "503": 1}
+    want = {"": 2, "client_closed": 1, "incomplete": 1, "invalid_request_error": 1, "overloaded_error": 1, "502": 1}
     assert got == {tuple(sorted((*base, ("error_type", e), ("process", "vllm")))): float(n)
                    for e, n in want.items()}
     for r in requests:  # the label is the span's error.type

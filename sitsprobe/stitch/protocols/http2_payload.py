@@ -85,8 +85,8 @@ class Kept:
         if len(peek) == size:
             self.writes.append(Write(ts_ns, size, peek))
         else:  # what the kernel counts of a write longer than its peek
-            self.writes.append(Write(ts_ns, size, peek, (b"\n" + seen).count(b"\ndata:"),
-                                     seen.count(b"}\n"), len(seen)))
+            self.writes.append(Write(ts_ns, size, peek, (b"\n" + seen).count(b"\ndata:"), seen.count(b"}\n"),
+                                     len(seen), seen.count(b'.delta"') + seen.count(b'k_delta"')))
 
     def response_headers(self, fields) -> None:
         """The final response's header block, (name, value) as HPACK decoded them."""
