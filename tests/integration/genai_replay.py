@@ -10,8 +10,9 @@ HTTP/2 with prior knowledge (h2c, as gateways and gRPC-style clients speak
 it) hypercorn (Python, the h2 library) or granian (Rust, hyper's h2);
 ``--tls CERT KEY``: hypercorn over TLS instead, HTTP/2 by ALPN.
 A POST to a fixture's path (/v1/chat/completions, /v1/completions,
-/v1/embeddings, /generate, /generate_stream, /api/chat, /api/generate,
-/completion), or to one ending in it (a gateway's /openai/v1/chat/completions),
+/v1/embeddings, /v1/responses, /generate (TGI's or SGLang's, by the
+request's keys), /generate_stream, /api/chat, /api/generate, /completion),
+or to one ending in it (a gateway's /openai/v1/chat/completions),
 gets the fixture for that path and for whether the request asks
 to stream (as each API decides: Ollama streams unless told not to, TGI on
 /generate_stream); model (TGI: inputs) "error" asks for the error fixture.
@@ -53,6 +54,7 @@ class Recorded:
     def __init__(self, name: str, meta: dict):
         self.name, self.path = name, meta["path"]
         self.stream, self.error = meta["stream"], meta.get("error", False)
+        self.keys = meta.get("keys", ())  # the request's, where two APIs share the path (/generate)
         raw = (FIXTURES / f"{name}.http").read_bytes()
         head, _, body = raw.partition(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
@@ -132,7 +134,7 @@ def app(gap_s: float, layout: str = "events") -> Starlette:
         stream = wants_stream(path, body)
         served = max((r.path for r in recorded if path.endswith(r.path)), key=len, default=None)
         found = [r for r in recorded if r.path == served and r.error == error
-                 and (error or r.stream == stream)]
+                 and (error or r.stream == stream) and all(k in body for k in r.keys)]
         if not found:
             return JSONResponse({"error": {"message": f"no fixture for {path} stream={stream}",
                                            "type": "NotFoundError", "code": 404}}, 404)

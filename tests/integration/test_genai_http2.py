@@ -1,4 +1,4 @@
-"""GenAI over HTTP/2: the recorded answers of vLLM, TGI, Ollama and llama.cpp
+"""GenAI over HTTP/2: the recorded answers of vLLM, SGLang, TGI, Ollama, llama.cpp, Anthropic
 (tests/fixtures/genai) served over h2c by two servers no one here wrote,
 hypercorn (Python, the h2 library) and granian (Rust, hyper's h2), to two
 clients no one here wrote, httpx (HTTP/2 with prior knowledge, as the
@@ -58,9 +58,10 @@ def test_recorded_servers_over_http2_come_out_as_recorded(tmp_path):
             wait_until(lambda: agent.tracks(replay.proc.pid), 15, f"the agent to track {server}")
             for name in names:  # httpx keeps one connection: every stream after the first
                 status = post_httpx(client, replay.port, INDEX[name]["path"], request_for(name))
-                assert status < 500, (server, name)  # rides on HPACK's dynamic table
+                assert status < 500 or INDEX[name].get("error"), (server, name)  # rides on HPACK's dynamic table
             for name in names:  # curl: a connection each
-                assert post_curl(replay.port, INDEX[name]["path"], request_for(name)) < 500, (server, name)
+                status = post_curl(replay.port, INDEX[name]["path"], request_for(name))
+                assert status < 500 or INDEX[name].get("error"), (server, name)
             got = agent.traces.wait_for_port(replay.port, 2 * len(names), timeout=30)
             spans[server] = sorted(got, key=lambda s: int(s["startTimeUnixNano"]))
     wrong = []

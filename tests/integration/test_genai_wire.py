@@ -1,7 +1,7 @@
 """Issue 11: GenAI from the wire, no markers. Servers no one here wrote
-(`transformers serve`, Hugging Face's OpenAI-compatible server) driven by two
-clients no one here wrote (the official `openai` client and
-`huggingface_hub`'s InferenceClient), and our reference engine with and
+(`transformers serve`, Hugging Face's OpenAI-compatible server: chat
+completions and the Responses API) driven by two clients no one here wrote
+(the official `openai` client and `huggingface_hub`'s InferenceClient), and our reference engine with and
 without its markers: what the spans say about each request (model, tokens,
 time to first token, stream events) must equal what the client received.
 """
@@ -90,6 +90,26 @@ def drive(base_url: str, model: str, rounds: int = 2, max_tokens: int = 8, clien
     return seen
 
 
+FINISH = {"completed": "stop"}  # a Responses status as a finish reason (stitch.genai_shapes); incomplete: its reason
+
+
+def drive_responses(base_url: str, model: str, max_tokens: int = 8) -> list[dict]:
+    """The Responses API through the openai client, plain and streamed; what it saw of each."""
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+    seen = []
+    for prompt in PROMPTS[:3]:
+        r = client.responses.create(model=model, input=prompt, max_output_tokens=max_tokens)
+        seen.append({"stream": False, "model": r.model, "usage": r.usage,
+                     "finish": FINISH.get(r.status, r.status)})
+        events = list(client.responses.create(model=model, input=prompt, max_output_tokens=max_tokens,
+                                              stream=True))
+        last = events[-1].response
+        seen.append({"stream": True, "model": last.model, "usage": last.usage, "events": len(events),
+                     "finish": FINISH.get(last.status, last.status),
+                     "content": sum(1 for e in events if e.type.endswith(".delta") and e.delta)})
+    return seen
+
+
 def genai_spans(agent, port: int, n: int) -> list[dict]:
     """The n server spans of port, in the order their requests began."""
     spans = agent.traces.wait_for_port(port, n, timeout=30)
@@ -106,8 +126,10 @@ def test_transformers_serve_with_the_openai_and_huggingface_clients(tmp_path):
         # the Hub's offline switch (tiny_model sets it: no download) would refuse a local server too
         with mock.patch.object(huggingface_hub.constants, "HF_HUB_OFFLINE", False):
             seen += drive(url, serve.model, rounds=1, client="huggingface_hub")
-        spans = [s for s in genai_spans(agent, serve.port, len(seen)) if s["attrs"].get("url.path")
-                 == "/v1/chat/completions"]
+        responses = drive_responses(url, serve.model)
+        every = genai_spans(agent, serve.port, len(seen) + len(responses))
+        spans = [s for s in every if s["attrs"].get("url.path") == "/v1/chat/completions"]
+        answered = [s for s in every if s["attrs"].get("url.path") == "/v1/responses"]
         page = agent.scrape()
         tokens = {t: agent.metric("gen_ai_server_tokens_total", page, gen_ai_request_model=serve.model,
                                   gen_ai_token_type=t) for t in ("input", "output")}
@@ -115,8 +137,9 @@ def test_transformers_serve_with_the_openai_and_huggingface_clients(tmp_path):
                                  agent.metrics_url, "--json"], capture_output=True, text=True, timeout=60)
     assert report.returncode == 0, report.stderr
     doc = json.loads(report.stdout)  # the agent's own record of every GenAI request, sampled or not
-    assert doc["attribution"]["requests"] == len(seen) and doc["attribution"]["residual"]["over"] == 0, doc
-    assert len(spans) == len(seen)
+    assert doc["attribution"]["requests"] == len(seen) + len(responses), doc
+    assert doc["attribution"]["residual"]["over"] == 0, doc
+    assert (len(spans), len(answered)) == (len(seen), len(responses))
     wrong = []
     for i, (s, c) in enumerate(zip(spans, seen)):
         a = s["attrs"]
@@ -142,11 +165,28 @@ def test_transformers_serve_with_the_openai_and_huggingface_clients(tmp_path):
         elif c["stream"] and c["ttft"] is not None and (ttft is None or not ttfb < ttft <= c["ttft"]):
             wrong.append(f"request {i}: time to first token {ttft} not after the headers ({ttfb}) "
                              f"and within the client's {c['ttft']}")
+    for i, (s, c) in enumerate(zip(answered, responses)):  # the Responses API
+        a = s["attrs"]
+        expect = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
+                  "gen_ai.request.model": serve.model, "gen_ai.response.model": c["model"],
+                  "gen_ai.request.max_tokens": 8, "gen_ai.response.finish_reasons": [c["finish"]],
+                  "gen_ai.usage.input_tokens": c["usage"].input_tokens,
+                  "gen_ai.usage.output_tokens": c["usage"].output_tokens,
+                  "sitsprobe.genai.usage_source": "stream_usage" if c["stream"] else "body"}
+        if c["stream"]:
+            expect |= {"sitsprobe.genai.stream_events": c["events"], "sitsprobe.genai.content_events": c["content"]}
+        got = {k: a.get(k) for k in expect}
+        if got != expect:
+            wrong.append(f"response {i} ({'stream' if c['stream'] else 'plain'}): {got} != {expect}")
+        if c["stream"] and c["content"] and "gen_ai.server.time_to_first_token" not in a:
+            wrong.append(f"response {i}: a stream with output and no time to first token")
     assert not wrong, "\n".join(wrong)
     # the token counter, against the client's usage (a stream without usage: its content events)
-    assert tokens == {"input": sum(c["usage"].prompt_tokens for c in seen if c["usage"] is not None),
-                      "output": sum(c["usage"].completion_tokens if c["usage"] is not None else c["content_chunks"]
-                                    for c in seen)}, tokens
+    assert tokens == {
+        "input": sum(c["usage"].prompt_tokens for c in seen if c["usage"] is not None)
+        + sum(c["usage"].input_tokens for c in responses),
+        "output": sum(c["usage"].completion_tokens if c["usage"] is not None else c["content_chunks"] for c in seen)
+        + sum(c["usage"].output_tokens for c in responses)}, tokens
 
 
 def test_the_wire_and_the_markers_agree_on_the_reference_engine(tmp_path):
