@@ -23,8 +23,8 @@ from .buckets import (BATCH_BUCKETS, DURATION_BUCKETS, GENAI_DURATION_BUCKETS, S
                       TTFT_BUCKETS)
 from .semconv import (DB_CLIENT_DURATION, DB_OPERATION, DB_SYSTEM, ERROR_TYPE, GENAI_DURATION, GENAI_TOKENS,
                       GENAI_TPOT, GENAI_TTFT, HTTP_CLIENT_DURATION, HTTP_DURATION, KNOWN_METHODS, METHOD,
-                      MODEL, OPERATION, OTHER, PROVIDER, ROUTE, RPC_CLIENT_DURATION, RPC_METHOD, RPC_SERVER_DURATION,
-                      RPC_STATUS, RPC_SYSTEM, SERVER_ADDRESS, SERVER_PORT, STATUS, TOKEN_TYPE,
+                      MODEL, OPERATION, OTHER, PROVIDER, ROUTE, RPC_CLIENT_DURATION, RPC_METHOD,
+                      RPC_SERVER_DURATION, RPC_STATUS, RPC_SYSTEM, SERVER_ADDRESS, SERVER_PORT, STATUS, TOKEN_TYPE,
                       UNFRAMED_EXCHANGES, error_type, grpc_method, grpc_status_name, is_client, is_grpc, is_http,
                       is_redis, is_unframed, server_endpoint)
 

@@ -253,9 +253,10 @@ def _untimed_writes(req: Request, g: GenAI, p: Payload, kind: str, shape: Shape,
     answer), counted, not timed: each is taken for one event, as streaming
     servers write a token a write (a floor where one held several); of them,
     a ``[DONE]``, a chunked body's last chunk and the stream's closing events
-    (as its tail shows them: without one nothing is added) are no content. The last token was written by
-    the response's end, the one time known past the kept writes: the time
-    per output token stays the whole answer's, not its first writes'."""
+    (as its tail shows them; the caller adds nothing without a tail) are no
+    content. The last token was written by the response's end, the one time
+    known past the kept writes: the time per output token stays the whole
+    answer's, not its first writes'."""
     events = p.writes_total - len(p.writes) - (b"[DONE]" in tail) - chunked
     content = events - _closing_events(p.response_tail, kind, shape)
     if events <= 0:

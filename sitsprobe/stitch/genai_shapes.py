@@ -206,7 +206,8 @@ def error_of(obj: Any, status: int | None) -> str | None:
     err = obj.get("error")
     if err is None and isinstance(resp, dict) and isinstance(resp.get("error"), dict):
         err = resp["error"]  # a Responses stream's response.failed
-    if isinstance(err, dict) or obj.get("object") == "error":  # Anthropic's {"type": "error", "error": {...}} too
+    # vLLM's, OpenAI's, Anthropic's ({"type": "error", "error": {"type": ...}})
+    if isinstance(err, dict) or obj.get("object") == "error":
         src = err if isinstance(err, dict) else obj
         kind = src.get("type") or src.get("code")
         return label(str(kind) if isinstance(kind, (str, int)) else None) or "error"
@@ -568,7 +569,8 @@ def _look_sglang(obj: Any) -> Look:
     finish = meta.get("finish_reason")
     kind = _str(finish.get("type")) if isinstance(finish, dict) else None
     return Look(content=bool(text), texts=(text,) if text is not None else (), finish=(kind,) if kind else (),
-                input_tokens=count(meta.get("prompt_tokens")), output_tokens=count(meta.get("completion_tokens")),
+                input_tokens=count(meta.get("prompt_tokens")),
+                output_tokens=count(meta.get("completion_tokens")),
                 done=kind is not None)
 
 
@@ -580,8 +582,9 @@ def _generate(get: Get) -> Shape:
     """/generate is TGI's and SGLang's: SGLang's request has its prompt in
     "text" (or "input_ids") and its limits in "sampling_params", TGI's in
     "inputs" and "parameters"."""
-    sglang = get("inputs") is None and any(get(k) is not None for k in ("text", "input_ids", "sampling_params"))
-    return SGLANG_SHAPE if sglang else TGI_SHAPE
+    if get("inputs") is None and any(get(k) is not None for k in ("text", "input_ids", "sampling_params")):
+        return SGLANG_SHAPE
+    return TGI_SHAPE
 
 
 # Longest suffix first: /v1/completions is OpenAI's, /completions llama.cpp's.
