@@ -335,12 +335,16 @@ def _gen_ai(req: Request) -> dict:
 
 
 def is_error(req: Request) -> bool:
-    """Whether the span's status is ERROR: it has an error.type (a server's
-    5xx, a client's 4xx or 5xx, a gRPC code that is an error for the side
-    that saw it, an exchange cut short), but a client that hung up is no
-    error of the server's."""
+    """Whether the span's status is ERROR: the protocol has an error.type (a
+    server's 5xx, a client's 4xx or 5xx, a gRPC code that is an error for the
+    side that saw it, an exchange cut short), but a client that hung up is no
+    error of the server's; or a GenAI answer sent as a success named an error
+    (an error event in a 200 stream: the server failed mid-answer). A GenAI
+    4xx a server gave keeps its error.type and no ERROR, as any server 4xx."""
     kind = _error_type(req)
-    return kind is not None and kind != CLIENT_CLOSED
+    if kind is not None:
+        return kind != CLIENT_CLOSED
+    return req.genai is not None and req.genai.error_type is not None and (req.status or 0) < 400
 
 
 def error_type(req: Request) -> str | None:

@@ -609,6 +609,20 @@ def test_the_markers_numbers_win_and_the_wire_fills_the_rest():
     assert from_markers(r) is not None and from_markers(r._replace(inference=None)) is None
 
 
+def test_an_error_inside_a_success_is_the_servers_and_a_refusal_is_not():
+    """A 200 stream that ends in an error event (the engine failed mid-answer)
+    is an ERROR span with the event's type; a 4xx the server gave names its
+    type and stays a server 4xx (no ERROR); Anthropic's 529 is both."""
+    broken = exchange("vllm_chat_stream", sse(
+        b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n',
+        b'data: {"error":{"type":"InternalServerError","message":"SECRET-ANSWER"}}\n\n'))
+    refused, overloaded = (exchange(n, written(n)) for n in ("vllm_error", "anthropic_error"))
+    for r, kind, error in ((broken, "InternalServerError", True), (refused, "NotFoundError", False),
+                           (overloaded, "overloaded_error", True)):
+        r = r._replace(genai=read(r))
+        assert (span_attributes(r)["error.type"], r.is_error) == (kind, error), r.genai
+
+
 def test_span_attributes_of_a_wire_read_request():
     r = exchange("vllm_chat_stream", written("vllm_chat_stream"))
     r = r._replace(genai=read(r))
