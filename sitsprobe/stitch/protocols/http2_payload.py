@@ -18,6 +18,7 @@ them only where its owner asks (POSTs to GenAI endpoints).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from ...request import Payload, Write
@@ -25,6 +26,10 @@ from ...request import Payload, Write
 SCAN = 4096  # bytes of a long frame whose event lines are counted (the kernel's WRITE_SCAN for a write)
 MAX_FIELDS = 64  # response header fields kept
 MAX_FIELD = 256  # characters of a field's value kept
+
+
+def _nothing() -> None:
+    pass
 
 
 class Limits(NamedTuple):
@@ -40,7 +45,7 @@ class Kept:
     __slots__ = ("lim", "body", "body_cut", "req_tail", "writes", "total", "frame", "frame_cut",
                  "frame_size", "resp_tail", "headers", "release")
 
-    def __init__(self, lim: Limits, release=lambda: None):
+    def __init__(self, lim: Limits, release: Callable[[], None] = _nothing):
         """``release``: called once, when the payload is taken (a bound on
         the streams keeping pieces at once frees a place)."""
         self.lim, self.release = lim, release
@@ -109,7 +114,3 @@ def _last(buf: bytearray, v, n: int) -> None:
     buf += v[-n:]
     if len(buf) > n:
         del buf[:len(buf) - n]
-
-
-def _nothing() -> None:
-    pass
