@@ -2,101 +2,35 @@
 counters and self-metrics read from the kernel's maps at scrape time."""
 from __future__ import annotations
 
-import bisect
-import itertools
 import threading
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import MetricsHandler
 
 from ..containers import Container
 from ..workloads import Workload
-from ..quantile import histogram_quantile
 from ..request import Request
 from ..stitch.protocols import http1
 from ..stitch.segments import SEGMENTS
-from .buckets import (BATCH_BUCKETS, DURATION_BUCKETS, GENAI_DURATION_BUCKETS, SEGMENT_BUCKETS, TPOT_BUCKETS,
-                      TTFT_BUCKETS)
-from .semconv import (DB_CLIENT_DURATION, DB_OPERATION, DB_SYSTEM, ERROR_TYPE, GENAI_DURATION, GENAI_TOKENS,
-                      GENAI_TPOT, GENAI_TTFT, HTTP_CLIENT_DURATION, HTTP_DURATION, KNOWN_METHODS, METHOD,
-                      MODEL, OPERATION, OTHER, PROVIDER, ROUTE, RPC_CLIENT_DURATION, RPC_METHOD,
-                      RPC_SERVER_DURATION, RPC_STATUS, RPC_SYSTEM, SERVER_ADDRESS, SERVER_PORT, STATUS, TOKEN_TYPE,
-                      UNFRAMED_EXCHANGES, error_type, grpc_method, grpc_status_name, is_client, is_grpc, is_http,
-                      is_redis, is_unframed, server_endpoint)
+from .buckets import DURATION_BUCKETS, SEGMENT_BUCKETS
+from .genai_metrics import EngineMetrics
+from .semconv import (DB_CLIENT_DURATION, DB_OPERATION, DB_SYSTEM, HTTP_CLIENT_DURATION, HTTP_DURATION,
+                      KNOWN_METHODS, METHOD, OTHER, ROUTE, RPC_CLIENT_DURATION, RPC_METHOD, RPC_SERVER_DURATION,
+                      RPC_STATUS, RPC_SYSTEM, SERVER_ADDRESS, SERVER_PORT, STATUS, UNFRAMED_EXCHANGES,
+                      grpc_method, grpc_status_name, is_client, is_grpc, is_http, is_redis, is_unframed,
+                      server_endpoint)
+from .series import Histograms, LabelCap
 
-SLOW_REFRESH = 64  # observations between re-reading a model's p99 duration
 # Labels that come from the traffic, bounded per process (as routes are by
 # RouteMapper's max_routes): past this many distinct values, the rest fold.
 PROCESS = ("process",)  # who a request's series belong to: the process's name (and its pod's labels)
 MAX_SERVERS = 64  # (server_address, server_port) pairs a client metric keeps; then "_other"
 MAX_METHODS = 256  # gRPC methods, Redis commands; then "_OTHER"
 FOLDED = "_other"
-
-
-class Histograms:
-    """Labelled histograms over plain lists; not thread-safe (callers lock)."""
-
-    def __init__(self, name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]):
-        self.name, self.doc, self.labels, self.buckets = name, doc, labels, buckets
-        self._series: dict[tuple[str, ...], list] = {}
-
-    def observe(self, labels: tuple[str, ...], value: float) -> None:
-        h = self._series.get(labels)
-        if h is None:
-            h = self._series[labels] = [[0] * (len(self.buckets) + 1), 0.0]
-        h[0][bisect.bisect_left(self.buckets, value)] += 1
-        h[1] += value
-
-    def add(self, labels: tuple[str, ...], counts: Sequence[int], total: float) -> None:
-        """Observations binned elsewhere, in these buckets (+Inf last), and their sum."""
-        h = self._series.get(labels)
-        if h is None:
-            h = self._series[labels] = [[0] * (len(self.buckets) + 1), 0.0]
-        h[0] = [a + b for a, b in zip(h[0], counts)]
-        h[1] += total
-
-    def quantile(self, q: float, where: Callable[[tuple[str, ...]], bool] | None = None) -> float | None:
-        """Over all series (or those whose labels ``where`` takes), summed, as
-        histogram_quantile (and `top`) reads the buckets."""
-        series = self._series.values() if where is None else \
-            [h for labels, h in self._series.items() if where(labels)]
-        counts = [sum(c) for c in zip(*(h[0] for h in series))]
-        cumulative = list(itertools.accumulate(counts))
-        return histogram_quantile(q, list(zip((*self.buckets, float("inf")), cumulative)))
-
-    def family(self) -> HistogramMetricFamily:
-        fam = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
-        for labels, (counts, total) in self._series.items():
-            acc, buckets = 0, []
-            for bound, n in zip((*map(str, self.buckets), "+Inf"), counts):
-                acc += n
-                buckets.append((bound, acc))
-            fam.add_metric(list(labels), buckets, total)
-        return fam
-
-
-class LabelCap:
-    """At most ``limit`` distinct values per process; past them, ``other``.
-    A value once kept stays kept. Not thread-safe (callers lock)."""
-
-    def __init__(self, limit: int, other):
-        self.limit, self.other = limit, other
-        self._kept: dict[str, set] = {}  # process -> values kept
-
-    def __call__(self, process: str, value):
-        kept = self._kept.get(process)
-        if kept is None:
-            kept = self._kept[process] = set()
-        if value in kept:
-            return value
-        if len(kept) >= self.limit:
-            return self.other
-        kept.add(value)
-        return value
 
 
 def _server_labels(r: Request, cap: LabelCap) -> tuple[str, str]:
@@ -264,94 +198,6 @@ class RequestMetrics:
             for key, n in self._unframed.items():
                 unframed.add_metric(list(key), n)
         yield from (*families, size_in, size_out, stitched, unframed)
-
-
-class EngineMetrics:
-    """GenAI server metrics from requests whose GenAI meaning is known (the
-    wire, the markers), by process, and by the conventions' operation,
-    provider and model (the duration also by error type); and, per model,
-    where the slow tail's time went: the segments of the requests at or
-    above the model's p99 duration (re-read from its histogram every
-    SLOW_REFRESH requests)."""
-
-    def __init__(self, who: tuple[str, ...] = ("process",)):
-        self.who = who
-        genai = (*who, OPERATION, PROVIDER, MODEL)
-        self.ttft = Histograms(GENAI_TTFT,
-                               "Time to first token: first request byte in to the first output "
-                               "(the first content event written, or the end of prefill)",
-                               genai, TTFT_BUCKETS)
-        self.tpot = Histograms(GENAI_TPOT, "Time per output token after the first", genai, TPOT_BUCKETS)
-        self.duration = Histograms(GENAI_DURATION,
-                                   f"Inference request duration, seen from the network ({ERROR_TYPE}: "
-                                   "the span's error.type, client_closed for an answer its client left)",
-                                   (*genai, ERROR_TYPE), GENAI_DURATION_BUCKETS)
-        self.batch = Histograms("sitsprobe_engine_batch_size", "Requests served per batched step",
-                                (), BATCH_BUCKETS)
-        self.cache: dict[tuple[str, ...], list[int]] = {}  # (*who, cache) -> [hits, misses]
-        self.tokens: dict[tuple[str, ...], int] = {}  # (*who, operation, provider, model, type) -> tokens
-        self.slow: dict[tuple[str, ...], list] = {}  # (*who, model) -> [p99 s, seen, seconds by segment]
-
-    def observe(self, r: Request, who: tuple[str, ...] | None = None) -> None:
-        """who: the request's values of the who labels (its process's name alone by default)."""
-        g = r.genai
-        who = who or (r.comm,)
-        model = g.request_model or g.response_model or ""
-        labels = (*who, g.operation or "", g.provider or "", model)
-        seconds = r.duration_ns / 1e9
-        self.duration.observe((*labels, error_type(r) or ""), seconds)
-        if (ttft := r.ttft_ns) is not None:
-            self.ttft.observe(labels, ttft / 1e9)
-        if (tpot := r.tpot_ns) is not None:
-            self.tpot.observe(labels, tpot / 1e9)
-        for kind, n in (("input", g.input_tokens), ("output", g.output_tokens)):
-            if n:
-                key = (*labels, kind)
-                self.tokens[key] = self.tokens.get(key, 0) + n
-        if r.segments is not None:
-            self._slow((*who, model), seconds, r.segments)
-        for c in r.inference.cache if r.inference is not None else ():
-            counts = self.cache.setdefault((*who, c.cache), [0, 0])
-            counts[0 if c.hit else 1] += 1
-
-    def _slow(self, key: tuple[str, ...], seconds: float, segments: tuple[int, ...]) -> None:
-        """key: (*who, model); its p99 is over the model's duration series, every error type's."""
-        slow = self.slow.get(key)
-        if slow is None:
-            slow = self.slow[key] = [0.0, 0, [0.0] * len(SEGMENTS)]
-        slow[1] += 1
-        if slow[1] % SLOW_REFRESH == 1:
-            n = len(self.who)
-            slow[0] = self.duration.quantile(
-                0.99, lambda labels: labels[:n] == key[:n] and labels[n + 2] == key[n]) or 0.0
-        if seconds >= slow[0]:
-            for i, ns in enumerate(segments):
-                slow[2][i] += ns / 1e9
-
-    def families(self):
-        lookups = CounterMetricFamily("sitsprobe_engine_cache_lookups",
-                                      "Engine cache look-ups (prefix, completion), by result",
-                                      labels=(*self.who, "cache", "result"))
-        ratio = GaugeMetricFamily("sitsprobe_engine_cache_hit_ratio",
-                                  "Hits over look-ups since start", labels=(*self.who, "cache"))
-        for key, (hits, misses) in self.cache.items():
-            lookups.add_metric([*key, "hit"], hits)
-            lookups.add_metric([*key, "miss"], misses)
-            ratio.add_metric(list(key), hits / (hits + misses))
-        tokens = CounterMetricFamily(GENAI_TOKENS, f"Tokens in and out ({TOKEN_TYPE}: input, output), "
-                                     "from the usage the server reported, or its stream events counted",
-                                     labels=(*self.who, OPERATION, PROVIDER, MODEL, TOKEN_TYPE))
-        for key, n in self.tokens.items():
-            tokens.add_metric(list(key), n)
-        slow = CounterMetricFamily("sitsprobe_gen_ai_slow_tail_segment_seconds",
-                                   "Of requests at or above their model's p99 duration, the seconds "
-                                   "spent in each latency segment: where the slow tail's time goes",
-                                   labels=(*self.who, MODEL, "segment"))
-        for key, (_, _, by_segment) in self.slow.items():
-            for name, v in zip(SEGMENTS, by_segment):
-                slow.add_metric([*key, name], v)
-        return [self.ttft.family(), self.tpot.family(), self.duration.family(), self.batch.family(),
-                lookups, ratio, tokens, slow]
 
 
 class KernelMetrics:

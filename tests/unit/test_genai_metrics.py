@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sitsprobe.export.prom import EngineMetrics
+from sitsprobe.export.genai_metrics import EngineMetrics
 from sitsprobe.export.semconv import span_attributes
 from sitsprobe.request import CLIENT_CLOSED, Endpoint, GenAI, Request
 

@@ -7,7 +7,8 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sitsprobe.export.prom import TPOT_BUCKETS, TTFT_BUCKETS, Histograms
+from sitsprobe.export.buckets import TPOT_BUCKETS, TTFT_BUCKETS
+from sitsprobe.export.series import Histograms
 from sitsprobe.top.model import parse, quantile
 
 
