@@ -17,6 +17,7 @@
 #include "sitsprobe.h"
 #include "user_read.h"
 #include "ring_wake.h"
+#include "write_scan.h"
 
 #define AF_UNIX_ 1
 #define AF_INET_ 2
@@ -647,7 +648,7 @@ struct beat_state {
     __u64 iov_off; /* ... and where its lines' count goes on: this byte of */
     __u32 iov_i;   /* this entry */
     __u64 n;      /* bytes written (of buf); 0: no beat pending */
-    __u64 window; /* the last bytes counted, newest lowest */
+    struct scan scan; /* its lines counted so far (write_scan.h) */
 };
 NET_MAP("percpu_array", int, struct beat_state, beat_states, 1);
 /* Write events sent, and read: the agent writes its count after each drain.
@@ -674,9 +675,9 @@ static __always_inline void beat(struct conn *c, struct body *b, __u64 ts_ns, __
     st->b.ts_ns = ts_ns;
     st->b.size = ret;
     st->b.pipeline = c->pipeline;
-    st->b.data_lines = st->b.json_lines = st->b.scanned = st->b.delta_lines = 0;
+    st->b.scanned = 0;
     st->index = b->writes;
-    st->window = '\n'; /* the write begins a line */
+    scan_start(&st->scan);
     st->buf = iovp ? 0 : buf;
     st->iovp = iovp;
     st->iov_i = st->iov_off = 0;
@@ -731,9 +732,6 @@ static __always_inline __u64 gather(__u64 iovp, __u32 *i, __u64 *off, __u8 *to, 
  * its peek, or of any vectored write (its peek holds its first PEEK_IOVS
  * pieces only); 1 while more are to be counted. The verifier follows a loop
  * only so far: one chunk per run of send_beat, which tail-calls itself. */
-#define DATA_LINE 0x0a646174613aULL /* "\ndata:" */
-#define DOT_DELTA 0x2e64656c746122ULL /* `.delta"` */
-#define K_DELTA 0x6b5f64656c746122ULL /* `k_delta"` */
 static __always_inline int count_chunk(struct beat_state *st)
 {
     int zero = 0;
@@ -750,20 +748,19 @@ static __always_inline int count_chunk(struct beat_state *st)
         return 0;
     if (!want)
         return 0;
-    __u64 w = st->window;
-    __u32 data = 0, json = 0, delta = 0;
-    for (int i = 0; i < SCAN_CHUNK; i++) {
-        if (i >= want)
-            break;
-        w = (w << 8) | s->b[i];
-        data += (w & 0xffffffffffffULL) == DATA_LINE;
-        json += (w & 0xffff) == 0x7d0a; /* "}\n" */
-        delta += (w & 0xffffffffffffffULL) == DOT_DELTA || w == K_DELTA;
-    }
-    st->window = w;
-    st->b.data_lines += data;
-    st->b.json_lines += json;
-    st->b.delta_lines += delta;
+    /* every byte of the chunk, those past `want` masked out: no branch on
+     * it, so each way into the loop (the gather's many) is followed as one */
+    __u64 w = st->scan.w, o = st->scan.o;
+    __u32 data = 0, json = 0, delta = 0, output = 0, special = 0;
+    for (__u64 i = 0; i < SCAN_CHUNK; i++)
+        SCAN_BYTE((__u64)s->b[i], (i - want) >> 63, w, o, data, json, delta, output, special);
+    st->scan.w = w;
+    st->scan.o = o;
+    st->scan.data += data;
+    st->scan.json += json;
+    st->scan.delta += delta;
+    st->scan.output += output;
+    st->scan.special += special;
     st->b.scanned += want;
     return st->b.scanned < st->n && st->b.scanned < WRITE_SCAN;
 }
@@ -790,6 +787,11 @@ static __always_inline int send_beat_(void *ctx, int user)
     }
     __sync_fetch_and_add(sent, 1);
     bpf_probe_read_kernel(e, sizeof(struct beat), &st->b);
+    e->data_lines = st->scan.data;
+    e->json_lines = st->scan.json;
+    e->delta_lines = st->scan.delta;
+    e->output_lines = st->scan.output;
+    e->special_lines = st->scan.special;
     __u64 peek = n > PEEK_CAP ? PEEK_CAP : n;
     e->peek_len = 0;
     if (buf && peek && read_user(e->peek, peek, (void *)buf) == 0)

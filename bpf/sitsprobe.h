@@ -278,7 +278,9 @@ struct beat {
     __u32 json_lines; /* that begin "data:" (SSE events) and lines that end "}" (NDJSON), */
     __u32 scanned;
     __u32 delta_lines; /* and typed events that carry output: `.delta"` ends the type of a */
-                       /* Responses API delta, `k_delta"` that of Anthropic's content_block_delta */
+                       /* Responses API delta, `k_delta"` that of Anthropic's content_block_delta; */
+    __u32 output_lines; /* and output begun: an output key's non-empty string (`"content":"x`, */
+    __u32 special_lines; /* write_scan.h); `"special":true`, a token that is no output (TGI's) */
     __u8 peek[PEEK_CAP];
 };
 

@@ -107,6 +107,8 @@ class Write(NamedTuple):  # a tuple: a stream makes one a token, and it is made 
     json_lines: int = 0  # "data:" (SSE events) and that end "}" (NDJSON objects) ...
     scanned: int = 0  # ... in its first `scanned` bytes (0: not counted, the peek is all of it)
     delta_lines: int = 0  # ... and typed events that carry output (Responses, Anthropic: their deltas)
+    output_lines: int = 0  # ... and output keys' non-empty strings begun ("content":"x) ...
+    special_lines: int = 0  # ... and special tokens ("special":true: TGI's </s>, no output)
 
 
 class Payload(NamedTuple):

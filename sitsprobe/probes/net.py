@@ -306,7 +306,8 @@ class PayloadDecoder:
         beat = Layout(beat_type)
         self.beat_size = beat.struct.size
         self._beat = beat.subset("tgid", "fd", "start_ns", "ts_ns", "size", "pipeline", "peek_len",
-                                 "data_lines", "json_lines", "scanned", "delta_lines", "peek")
+                                 "data_lines", "json_lines", "scanned", "delta_lines", "output_lines",
+                                 "special_lines", "peek")
 
     def payload(self, buf: bytes) -> Payload:
         """The `struct body` at the end of a conn_body record."""
@@ -317,10 +318,8 @@ class PayloadDecoder:
                        response_tail=_tail(resp_tail, resp_pos, cap), writes_total=writes)
 
     def beat(self, buf: bytes) -> Beat:
-        tgid, fd, start_ns, ts_ns, size, pipeline, peek_len, data, json, scanned, delta, peek = \
-            self._beat.unpack_from(buf)
-        return Beat((tgid, fd, start_ns, pipeline),
-                    Write(ts_ns, size, peek[:peek_len], data, json, scanned, delta))
+        tgid, fd, start_ns, ts_ns, size, pipeline, peek_len, *lines, peek = self._beat.unpack_from(buf)
+        return Beat((tgid, fd, start_ns, pipeline), Write(ts_ns, size, peek[:peek_len], *lines))
 
 
 class ChunkDecoder:

@@ -182,11 +182,11 @@ def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bo
     approximate = p.writes_total > len(p.writes) or unsure
     if p.writes_total > len(p.writes) and p.response_tail and encoding is None:
         g = _untimed_writes(req, g, p, kind, shape, tail, head is not None and head.chunked)
-    ended = ended or b"[DONE]" in tail
+    ended = ended or _ended_in(tail, kind, shape)
     sure = not approximate and g.error_type is None and (ended or chunks_ended)
     empty = False if g.content_events else True if sure else None
     g = _fill(g._replace(events_approximate=approximate, answer_empty=empty, stream_ended=ended), shape,
-              tail, "stream_usage")
+              tail, "stream_usage", final=True)
     if g.usage_source is None and g.events and (g.content_events or not approximate):
         g = g._replace(output_tokens=g.content_events, usage_source="counted_events")
     return g
@@ -194,16 +194,16 @@ def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bo
 
 def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: str,
                    shape: Shape) -> tuple[GenAI, bool]:
-    """``g`` with the events of writes longer than their peek that the peek
-    did not show, and whether any count is still unsure. The kernel counts
-    the event lines of such a write (SSE: lines that begin ``data:``, one per
-    event of these APIs; NDJSON: lines that end ``}``); those whose start the
-    peek showed are counted already, and a ``[DONE]`` is no event. A server
-    that coalesces tokens under load writes several events at once: they
-    count, at the time of that write, as content, but for the closing ones
-    (a finish reason, the usage) the response's tail shows. Where events are
-    typed (the Responses API, Anthropic's) most are no output: of the hidden
-    ones, the deltas the kernel counted are."""
+    """``g`` with what the peeks of writes longer than them did not show, and
+    whether any count is still unsure. The kernel counts the lines of such a
+    write (bpf/write_scan.h): its events (SSE: lines that begin ``data:``, one
+    per event of these APIs; NDJSON: lines that end ``}``), those whose start
+    the peek showed counted already, and a ``[DONE]`` no event; and its output
+    (typed events, the Responses API's and Anthropic's: the deltas; else the
+    output keys' non-empty strings begun, a special token's aside). Output the
+    peek did not show, in an event it hid or cut before its output field, is
+    content at the time of that write: a server that coalesces tokens under
+    load, a client that reads several at once."""
     cut = [w for w in p.writes if len(w.peek) < w.size]
     if not cut:
         return g, False
@@ -213,10 +213,8 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
         seen[ts] = seen.get(ts, 0) + 1
         done_seen = done_seen or data == b"[DONE]"
     unsure, extra, content, first, last = False, 0, 0, g.first_token_ns, g.last_token_ns
-    # the end's events ([DONE], the closing ones) are in the last cut write only if no write
-    # past those kept came after it (_untimed_writes counts those)
+    # [DONE] is in the last cut write only if no write past those kept came after it
     at_end = p.writes_total <= len(p.writes)
-    closing = _closing_events(p.response_tail, kind, shape) if at_end else 0
     for w in cut:
         if not w.scanned:
             unsure = True  # not counted (a write the kernel could not read whole)
@@ -228,23 +226,24 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
                 hidden -= 1
             elif not p.response_tail:  # the end not known (a write of more pieces than kept): a
                 unsure = True  # [DONE] among the lines counted would be counted as an event
-        if hidden <= 0:
-            continue
+        hidden = max(hidden, 0)
         extra += hidden
-        if shape.typed:
-            shown = sum(1 for ts, data in events if ts == w.ts_ns and shape.partial_content(data))
-            tokens = min(hidden, w.delta_lines - shown)
-        else:
-            after = sum(seen.get(x.ts_ns, 0) for x in p.writes if x.ts_ns > w.ts_ns)
-            tokens = hidden - min(max(0, closing - after), hidden) if w is cut[-1] else hidden
-        if tokens > 0:
+        shown = sum(1 for ts, data in events if ts == w.ts_ns and shape.partial_content(data))
+        told = w.delta_lines if shape.typed else w.output_lines - w.special_lines
+        # at most one an event the peek did not show as output: those it hid, those it cut short;
+        # fewer than it showed, in a write counted whole: an event it cut short looked like output
+        # and was not (TGI's last token, its "special":true past the peek)
+        tokens = min(told - shown, hidden + seen.get(w.ts_ns, 0) - shown)
+        if tokens < 0 and w.scanned == w.size:
+            content += tokens
+        elif tokens > 0:
             content += tokens
             first = w.ts_ns if first is None else min(first, w.ts_ns)
             last = w.ts_ns if last is None else max(last, w.ts_ns)
-    if not extra:
+    if not extra and not content:
         return g, unsure
     return g._replace(events=g.events + extra, content_events=g.content_events + content,
-                   first_token_ns=first, last_token_ns=last), unsure
+                      first_token_ns=first, last_token_ns=last), unsure
 
 
 def _untimed_writes(req: Request, g: GenAI, p: Payload, kind: str, shape: Shape, tail: bytes,
@@ -265,6 +264,20 @@ def _untimed_writes(req: Request, g: GenAI, p: Payload, kind: str, shape: Shape,
         return g._replace(events=g.events + events)
     return g._replace(events=g.events + events, content_events=g.content_events + content,
                       last_token_ns=max(req.end_ns, g.last_token_ns or 0))
+
+
+def _ended_in(text: bytes, kind: str, shape: Shape) -> bool:
+    """Whether a stream's last bytes (``_tail_text``) end in its end (a write's
+    peek may have hidden it): ``[DONE]``, or its API's last event; where that
+    event began before them (llama.cpp's and the Responses API's are long),
+    the finish reason they show of it."""
+    for _, data in reversed(_events([_Piece(0, text, True)], kind)):
+        if data == b"[DONE]":
+            return True
+        if (obj := loads(data)) is not None:
+            return shape.look(obj).done
+        break
+    return bool(shape.finishes(text))
 
 
 def _closing_events(tail: bytes, kind: str, shape: Shape) -> int:
@@ -647,13 +660,20 @@ def _whole(req: Request, p: Payload, shape: Shape, g: GenAI, head, status,
     return g
 
 
-def _fill(g: GenAI, shape: Shape, text: bytes, source: str) -> GenAI:
+def _fill(g: GenAI, shape: Shape, text: bytes, source: str, final: bool = False) -> GenAI:
     """Usage, finish reasons and the model, where ``g`` lacks them, from JSON
-    text that does not parse; of several counts the last is the final one."""
-    if g.usage_source is None:
-        n_in, n_out = (shapes.last_count(k, text) for k in (shape.input_keys, shape.output_keys))
-        if n_in is not None or n_out is not None:
-            g = g._replace(input_tokens=n_in, output_tokens=n_out, usage_source=source)
+    text that does not parse; of several counts the last is the final one. A
+    count is filled apart from the other (Anthropic's input comes first in a
+    stream, its output last: a stream seen in part may show either alone).
+    ``final``: the text is a stream's last bytes, so a count there is the
+    answer's, over one its events gave (a running count, SGLang's, whose last
+    event a write's peek hid)."""
+    n_in = shapes.last_count(shape.input_keys, text) if final or g.input_tokens is None else None
+    n_out = shapes.last_count(shape.output_keys, text) if final or g.output_tokens is None else None
+    if n_in is not None or n_out is not None:
+        g = g._replace(input_tokens=g.input_tokens if n_in is None else n_in,
+                       output_tokens=g.output_tokens if n_out is None else n_out,
+                       usage_source=g.usage_source or source)
     more = shape.finishes(text)
     model = g.response_model or label(shapes.scan(("model",), text), MAX_NAME)
     return g._replace(finish_reasons=shapes.labels([*g.finish_reasons, *more]),

@@ -19,8 +19,9 @@ from sitsprobe.routes import RouteMapper
 from sitsprobe.stitch import genai
 from sitsprobe.stitch.protocols.http2_payload import Kept, Limits
 from sitsprobe.stitch.streams import StreamStitcher
+from sitsprobe.stitch.write_scan import counted
 
-from .test_genai import AS_WRITTEN, INDEX, T0, at, event_lines, request_body, written
+from .test_genai import AS_WRITTEN, INDEX, T0, at, request_body, written
 
 LIMITS = Limits(body=512, tail=512, peek=1024, writes=4096)  # every fixture write seen whole
 _NOT_IN_H2 = {"transfer-encoding", "connection", "keep-alive"}
@@ -100,7 +101,7 @@ def test_an_event_in_two_frames_is_one_event_at_its_first(name):
 
 def test_a_frame_longer_than_its_peek_counts_its_event_lines_as_the_kernel_counts_a_write():
     """Coalesced events past the peek: the lines the kernel would count in such
-    a write, over what was copied of it (test_genai.event_lines, its rule)."""
+    a write, over what was copied of it (stitch.write_scan, its rule)."""
     name = "vllm_chat_stream"
     events = b"".join(p.partition(b"\r\n")[2][:-2] for p in written(name)[1:-1])
     kept = Kept(Limits(body=512, tail=512, peek=40, writes=4096))
@@ -109,7 +110,7 @@ def test_a_frame_longer_than_its_peek_counts_its_event_lines_as_the_kernel_count
     kept.frame_end(at(1))
     (w,) = kept.payload(None).writes
     assert (w.ts_ns, w.size, w.peek) == (at(1), len(events), events[:40])
-    assert (w.data_lines, w.json_lines, w.scanned, w.delta_lines) == event_lines(events)
+    assert w[3:] == counted(events)
     assert w.data_lines == AS_WRITTEN[name]["events"] + 1  # and [DONE]
     kept = Kept(Limits(body=512, tail=512, peek=40, writes=4096))
     kept.response(events[:100])
@@ -117,8 +118,7 @@ def test_a_frame_longer_than_its_peek_counts_its_event_lines_as_the_kernel_count
     kept.frame_end(at(1))
     (w,) = kept.payload(None).writes
     assert (w.size, w.scanned) == (len(events), 100)
-    data, ends, _, deltas = event_lines(events[:100])
-    assert (w.data_lines, w.json_lines, w.delta_lines) == (data, ends, deltas)
+    assert w[3:] == counted(events[:100])
 
 
 def test_bytes_not_copied_leave_the_count_a_floor():

@@ -7,9 +7,9 @@ lines instead of the syscalls':
   last ``tail`` bytes (those after the last gap);
 - each response DATA frame as a write: the time of the read or write its frame
   header came in, its size (padding aside) and its first ``peek`` bytes; in a
-  frame longer than that, the event lines of its copied bytes are counted as
-  the kernel counts a long write's (lines that begin ``data:``, lines ending
-  ``}``); ``writes`` frames timed at most, every one counted;
+  frame longer than that, the lines of its copied bytes are counted as the
+  kernel counts a long write's (:mod:`..write_scan`); ``writes`` frames timed
+  at most, every one counted;
 - the response's last ``tail`` bytes, and its header fields: with HTTP/2 the
   head comes apart from the body, so the writes are body only.
 
@@ -22,8 +22,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ...request import Payload, Write
-
-SCAN = 4096  # bytes of a long frame whose event lines are counted (the kernel's WRITE_SCAN for a write)
+from ..write_scan import SCAN, counted
 MAX_FIELDS = 64  # response header fields kept
 MAX_FIELD = 256  # characters of a field's value kept
 
@@ -90,8 +89,7 @@ class Kept:
         if len(peek) == size:
             self.writes.append(Write(ts_ns, size, peek))
         else:  # what the kernel counts of a write longer than its peek
-            self.writes.append(Write(ts_ns, size, peek, (b"\n" + seen).count(b"\ndata:"), seen.count(b"}\n"),
-                                     len(seen), seen.count(b'.delta"') + seen.count(b'k_delta"')))
+            self.writes.append(Write(ts_ns, size, peek, *counted(seen)))
 
     def response_headers(self, fields) -> None:
         """The final response's header block, (name, value) as HPACK decoded them."""
