@@ -1518,7 +1518,7 @@ int split_body(void *ctx) { return split_body_(ctx, 0); }
  * servers read a kept-alive connection's next request's first byte alone,
  * then the rest): this read's bytes go on in req, and what on_recv decides
  * from a head's first read is decided now. The payload's work, as on_recv's. */
-static __always_inline __u32 more_head(struct conn *c, struct args *a, long ret, int client)
+static __always_inline __u32 more_head(struct conn *c, struct args *a, long ret)
 {
     __u64 len = 0, buf = first_buffer(a, &len);
     __u64 all = ret < len ? ret : len, have = c->req_len, n = all;
@@ -1531,7 +1531,7 @@ static __always_inline __u32 more_head(struct conn *c, struct args *a, long ret,
     c->req_len = have + n;
     if (have + all > REQ_CAP)
         want_scan(conn_key(c->tgid, c->fd), buf, all);
-    if (GENAI && c->req_len >= 5 && is_post(c->req) && !client)
+    if (GENAI && c->req_len >= 5 && is_post(c->req))
         return P_START | (have + all <= REQ_CAP ? P_WHOLE : 0);
     return 0;
 }
@@ -1592,13 +1592,13 @@ static __always_inline void on_recv(struct conn *c, struct args *a, __u32 tgid, 
         }
         __u64 key = conn_key(tgid, c->fd);
         link_exchange(c, key);
-        if (GENAI && c->req_len >= 5 && is_post(c->req) && !client)
+        if (GENAI && c->req_len >= 5 && is_post(c->req))
             ops = P_START | (all <= REQ_CAP ? P_WHOLE : 0);
         if (buf && all > REQ_CAP)
             want_scan(key, buf, all);
         c->state = ST_READING;
     } else if (c->req_len < HEAD_MIN) {
-        ops = more_head(c, a, ret, client);
+        ops = more_head(c, a, ret);
     } else if (GENAI && (c->flags & CF_BODY_NEXT)) {
         ops = P_BODY;
         c->flags &= ~CF_BODY_NEXT;

@@ -17,10 +17,11 @@
  *                        data syscalls' enter/exit tracepoints)
  *   TCP_SENDMSG_HOOK     TCP_SENDMSG_FENTRY, _KPROBE or _TRACEPOINT (tcp:tcp_sendmsg_locked);
  *                        NET_TIER_SYSCALL only (the socket tier knows TCP from the socket)
- *   GENAI                1: keep the payload pieces below for POST exchanges, 0: none
+ *   GENAI                1: keep the payload pieces below for POST exchanges (a traced server's
+ *                        and a traced client's calls), 0: none
  *   BODY_CAP             first bytes of a POST request's body kept
  *   TAIL_CAP             last bytes of a POST request and of its response kept (power of two)
- *   PEEK_CAP             first bytes of each response write to a POST kept
+ *   PEEK_CAP             first bytes of each response write to a POST kept (a client's: each read)
  *   MAX_WRITES           response writes of one exchange reported one by one
  *   MAX_BODIES           POST exchanges in progress whose payload is kept at once
  *   RUNQ                 1: time tracked processes' threads wait to run (sched tracepoints)
@@ -265,13 +266,14 @@ struct body {
 };
 
 /* One response write of a POST exchange (its first MAX_WRITES): when, how
- * big, and its first bytes. On the exchanges ring, before its exchange. */
+ * big, and its first bytes; of a client's call, one read of its answer. On
+ * the exchanges ring, before its exchange. */
 struct beat {
     __u32 tgid;
     __u32 fd;
     __u64 start_ns; /* the exchange's conn.start_ns */
-    __u64 ts_ns;    /* the send began */
-    __u32 size;     /* bytes it sent */
+    __u64 ts_ns;    /* the send began (a client's read: returned) */
+    __u32 size;     /* bytes it sent (read) */
     __u16 pipeline;
     __u16 peek_len;
     __u32 data_lines; /* in the first `scanned` bytes of a write longer than its peek: lines */

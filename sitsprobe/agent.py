@@ -32,7 +32,7 @@ from .export.prom import (
     SpanAccounting,
     serve,
 )
-from .export.semconv import span_attributes
+from .export.semconv import is_client, span_attributes
 from .losses import LossLog, loss_totals
 from .probes.retry import Retry, refused_for_now
 from .report.recent import Recent
@@ -700,8 +700,9 @@ class Agent:
         return self.recent.to_json(window_s)
 
     def _remember(self, r: Request) -> None:
-        """A GenAI request, for `sitsprobe report --agent`: every one, before
-        sampling, so its P99 is exact. Without a trace of its own yet, its
+        """A GenAI request served, for `sitsprobe report --agent`: every one,
+        before sampling, so its P99 is exact (a traced client's calls are not
+        the node's service: a gateway's would count each request twice). Without a trace of its own yet, its
         head-sampling draw uses an id made from the request."""
         trace = r.traceparent.trace_id if r.traceparent is not None else \
             hash((r.pid, r.fd, r.start_ns)) & ((1 << 128) - 1)
@@ -711,7 +712,7 @@ class Agent:
     def _release(self, requests: list[Request], now: int) -> None:
         for r in requests:
             r = self._understood(r)
-            if r.genai is not None and self.recent is not None:
+            if r.genai is not None and self.recent is not None and not is_client(r):
                 self._remember(r)
             self.requests_seen += 1
             self.metrics.observe(r)

@@ -98,10 +98,11 @@ class Inference:
 
 
 class Write(NamedTuple):  # a tuple: a stream makes one a token, and it is made in a third of the time
-    """One response write (a send call) of an exchange the kernel kept payload for."""
+    """One response write (a send call) of an exchange the kernel kept payload
+    for; of a traced client's call, one read of the answer."""
 
-    ts_ns: int  # when the send began
-    size: int  # bytes the call sent
+    ts_ns: int  # when the send began (a client's read: returned)
+    size: int  # bytes the call sent (read)
     peek: bytes  # its first bytes (capture.write_peek_bytes at most)
     data_lines: int = 0  # in a write longer than its peek, the kernel counted lines that begin
     json_lines: int = 0  # "data:" (SSE events) and that end "}" (NDJSON objects) ...

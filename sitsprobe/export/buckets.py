@@ -18,6 +18,8 @@ TPOT_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 
 GENAI_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56,
                           5.12, 10.24, 20.48, 40.96, 81.92)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# The GenAI conventions' advice for gen_ai.client.token.usage, in tokens
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 # a segment may be microseconds (a send) or the whole of a long stream
 SEGMENT_BUCKETS = (0.00001, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

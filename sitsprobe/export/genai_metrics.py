@@ -1,13 +1,17 @@
 """GenAI metrics, by the conventions' operation, provider and model: a
-traced server's (``gen_ai.server.*``, EngineMetrics)."""
+traced server's (``gen_ai.server.*``, EngineMetrics) and a traced client's
+calls (``gen_ai.client.*``, GenAIClientMetrics), each request counted on the
+side that saw it: a gateway traced on both sides counts a call once as its
+server's request and once as its own call."""
 from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..request import Request
 from ..stitch.segments import SEGMENTS
-from .buckets import BATCH_BUCKETS, GENAI_DURATION_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
-from .semconv import (ERROR_TYPE, GENAI_DURATION, GENAI_TOKENS, GENAI_TPOT, GENAI_TTFT, MODEL, OPERATION, PROVIDER,
+from .buckets import BATCH_BUCKETS, GENAI_DURATION_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
+from .semconv import (ERROR_TYPE, GENAI_CLIENT_DURATION, GENAI_CLIENT_TOKENS, GENAI_CLIENT_TTFC, GENAI_DURATION,
+                      GENAI_TOKENS, GENAI_TPOT, GENAI_TTFT, MODEL, OPERATION, PROVIDER, SERVER_ADDRESS, SERVER_PORT,
                       TOKEN_TYPE, error_type)
 from .series import Histograms
 
@@ -101,3 +105,40 @@ class EngineMetrics:
         return [self.ttft.family(), self.tpot.family(), self.duration.family(), self.batch.family(),
                 lookups, ratio, tokens, slow]
 
+
+class GenAIClientMetrics:
+    """GenAI calls a traced process made (a gateway's to its upstream, an
+    application's to a hosted API), by operation, provider, model and the
+    server called (server.address/port, bounded as the HTTP client metric's):
+    each call's duration, first byte out to last byte in (by error type); its
+    tokens, one observation per call and type; and a streamed answer's time to
+    its first chunk that carries output (the point a server's time to first
+    token marks, read where the client read it)."""
+
+    def __init__(self, who: tuple[str, ...] = ("process",)):
+        genai = (*who, OPERATION, PROVIDER, MODEL, SERVER_ADDRESS, SERVER_PORT)
+        self.duration = Histograms(GENAI_CLIENT_DURATION,
+                                   f"GenAI calls' duration, first request byte sent to the answer's last "
+                                   f"byte read ({ERROR_TYPE}: the span's)", (*genai, ERROR_TYPE),
+                                   GENAI_DURATION_BUCKETS)
+        self.ttfc = Histograms(GENAI_CLIENT_TTFC,
+                               "Streamed GenAI calls: first request byte sent to the first chunk with output read",
+                               genai, TTFT_BUCKETS)
+        self.tokens = Histograms(GENAI_CLIENT_TOKENS,
+                                 f"Tokens a GenAI call used ({TOKEN_TYPE}: input, output), from the usage "
+                                 "the answer reported, or its stream events counted", (*genai, TOKEN_TYPE),
+                                 TOKEN_BUCKETS)
+
+    def observe(self, r: Request, who: tuple[str, ...], server: tuple[str, str]) -> None:
+        """who: the request's values of the who labels; server: (address, port), as labelled."""
+        g = r.genai
+        labels = (*who, g.operation or "", g.provider or "", g.request_model or g.response_model or "", *server)
+        self.duration.observe((*labels, error_type(r) or ""), r.duration_ns / 1e9)
+        if g.streaming and (ttfc := r.ttft_ns) is not None:
+            self.ttfc.observe(labels, ttfc / 1e9)
+        for kind, n in (("input", g.input_tokens), ("output", g.output_tokens)):
+            if n is not None:
+                self.tokens.observe((*labels, kind), n)
+
+    def families(self):
+        return [self.duration.family(), self.ttfc.family(), self.tokens.family()]

@@ -17,7 +17,7 @@ from ..request import Request
 from ..stitch.protocols import http1
 from ..stitch.segments import SEGMENTS
 from .buckets import DURATION_BUCKETS, SEGMENT_BUCKETS
-from .genai_metrics import EngineMetrics
+from .genai_metrics import EngineMetrics, GenAIClientMetrics
 from .semconv import (DB_CLIENT_DURATION, DB_OPERATION, DB_SYSTEM, HTTP_CLIENT_DURATION, HTTP_DURATION,
                       KNOWN_METHODS, METHOD, OTHER, ROUTE, RPC_CLIENT_DURATION, RPC_METHOD, RPC_SERVER_DURATION,
                       RPC_STATUS, RPC_SYSTEM, SERVER_ADDRESS, SERVER_PORT, STATUS, UNFRAMED_EXCHANGES,
@@ -88,6 +88,7 @@ class RequestMetrics:
             "one observation per segment per request, adding up to the request's duration",
             (*W, "segment"), SEGMENT_BUCKETS)
         self._engine = EngineMetrics(W)
+        self._genai_client = GenAIClientMetrics(W)
         # the kernel's counts since the last look ((process, method, route, status), BinDelta),
         # read at every scrape (probes.bins); None: the kernel counts nothing
         self.bins: Callable[[], list] | None = None
@@ -144,7 +145,9 @@ class RequestMetrics:
             elif is_unframed(r):
                 key = (*w, r.protocol)
                 self._unframed[key] = self._unframed.get(key, 0) + 1
-            if r.genai is not None:
+            if r.genai is not None and is_client(r):
+                self._genai_client.observe(r, w, _server_labels(r, self._http_servers))
+            elif r.genai is not None:
                 self._engine.observe(r, w)
             if r.segments is not None and not is_client(r):  # a call's time is its caller's segment
                 for name, ns in zip(SEGMENTS, r.segments):
@@ -190,7 +193,7 @@ class RequestMetrics:
         with self._lock:
             families = [self._http.family(), self._http_client.family(), self._rpc_server.family(),
                         self._rpc_client.family(), self._db_client.family(), self._segments.family(),
-                        *self._engine.families()]
+                        *self._engine.families(), *self._genai_client.families()]
             for key, (bin_, bout, n) in self._bytes.items():
                 size_in.add_metric(list(key), bin_)
                 size_out.add_metric(list(key), bout)

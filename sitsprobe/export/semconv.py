@@ -41,6 +41,9 @@ GENAI_TTFT = "gen_ai_server_time_to_first_token_seconds"
 GENAI_TPOT = "gen_ai_server_time_per_output_token_seconds"
 GENAI_DURATION = "gen_ai_server_request_duration_seconds"
 GENAI_TOKENS = "gen_ai_server_tokens"  # a counter: the conventions have none for a server's tokens
+GENAI_CLIENT_DURATION = "gen_ai_client_operation_duration_seconds"
+GENAI_CLIENT_TTFC = "gen_ai_client_operation_time_to_first_chunk_seconds"
+GENAI_CLIENT_TOKENS = "gen_ai_client_token_usage"
 # The conventions' metrics as OTLP names them, and their units (otlp_metrics):
 # Prometheus spells each the way the Collector's remote write translates it back.
 OTLP_NAMES = {
@@ -53,6 +56,9 @@ OTLP_NAMES = {
     GENAI_TPOT: ("gen_ai.server.time_per_output_token", "s"),
     GENAI_DURATION: ("gen_ai.server.request.duration", "s"),
     GENAI_TOKENS: ("gen_ai.server.tokens", "{token}"),
+    GENAI_CLIENT_DURATION: ("gen_ai.client.operation.duration", "s"),
+    GENAI_CLIENT_TTFC: ("gen_ai.client.operation.time_to_first_chunk", "s"),
+    GENAI_CLIENT_TOKENS: ("gen_ai.client.token.usage", "{token}"),
 }
 # The metrics' labels that are the conventions' attributes, as Prometheus spells
 # them (dots as underscores) -> the attribute, as OTLP carries it. The labels
@@ -308,9 +314,12 @@ def _grpc(req: Request) -> dict:
 
 def _gen_ai(req: Request) -> dict:
     """``req.genai`` (from the wire, the markers, or both merged) as the GenAI
-    conventions' attributes, and sitsprobe's own on how it was read."""
-    g = req.genai
+    conventions' attributes, and sitsprobe's own on how it was read. A
+    server's span has its time to first token and per output token; a
+    call's (a client span), its time to the first chunk with output."""
+    g, client = req.genai, is_client(req)
     ttft, tpot = req.ttft_ns, req.tpot_ns
+    ttft_s = None if ttft is None else ttft / 1e9
     return {
         "gen_ai.operation.name": g.operation,
         "gen_ai.provider.name": g.provider,
@@ -320,8 +329,9 @@ def _gen_ai(req: Request) -> dict:
         "gen_ai.response.finish_reasons": g.finish_reasons or None,
         "gen_ai.usage.input_tokens": g.input_tokens,
         "gen_ai.usage.output_tokens": g.output_tokens,
-        "gen_ai.server.time_to_first_token": None if ttft is None else ttft / 1e9,
-        "gen_ai.server.time_per_output_token": None if tpot is None else tpot / 1e9,
+        "gen_ai.server.time_to_first_token": None if client else ttft_s,
+        "gen_ai.server.time_per_output_token": None if client or tpot is None else tpot / 1e9,
+        "gen_ai.response.time_to_first_chunk": ttft_s if client and g.streaming else None,
         "sitsprobe.genai.source": g.source,
         "sitsprobe.genai.usage_source": g.usage_source,
         "sitsprobe.genai.stream_events": g.events if g.streaming else None,

@@ -1,6 +1,8 @@
 """GenAI meaning read from the wire: a request's model, limits and usage, its
 answer stream's timing, from the payload bytes the kernel kept
-(:class:`~sitsprobe.request.Payload`), whatever server the agent watches.
+(:class:`~sitsprobe.request.Payload`), whatever server the agent watches, or
+whatever a traced client calls (its reads of the answer are the "writes",
+timed when each read returned).
 
 Endpoints are matched by path suffix (:mod:`.genai_shapes`). The provider
 (``gen_ai.provider.name``) is the API the bytes speak, not the engine behind

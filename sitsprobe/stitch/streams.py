@@ -4,9 +4,9 @@ The kernel sends every read and write of such a connection as a `Chunk`
 (the first capture.stream_bytes of each); `protocols.http2` frames them,
 HPACK included, and each stream it finishes becomes a Request here: gRPC
 calls and plain HTTP/2 requests alike, server or client side. A POST to a
-GenAI endpoint that a traced server answers keeps its payload pieces
-(protocols.http2_payload) for stitch.genai, as the kernel keeps an HTTP/1
-server exchange's, under the same capture settings: at most
+GenAI endpoint, served or called by a traced process, keeps its payload
+pieces (protocols.http2_payload) for stitch.genai, as the kernel keeps an
+HTTP/1 exchange's, under the same capture settings: at most
 ``max_payloads`` streams at once, the rest counted.
 """
 from __future__ import annotations
@@ -73,10 +73,7 @@ class StreamStitcher:
         c = self._conns.get(key)
         if c is None:
             side = "client" if ch.flags & CF_CLIENT else "server"
-            # a server's streams only, as the kernel keeps an HTTP/1 server's pieces: genai's
-            # metrics and the report are a server's (a traced gateway's calls would count twice)
-            keep = None if self._payloads is None or side == "client" else \
-                lambda method, path: self._keep(ch.tgid, method, path)
+            keep = None if self._payloads is None else lambda method, path: self._keep(ch.tgid, method, path)
             c = self._conns[key] = _Conn(http2.Connection(side, not ch.flags & CF_SEEDED, keep), ch)
         if ch.link_key:  # the streams this chunk begins belong to it (stitch.join)
             c.links[ch.ts_ns] = Link(ch.link_key >> 32, ch.link_key & 0xFFFFFFFF, ch.link_start,

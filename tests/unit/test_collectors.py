@@ -51,7 +51,7 @@ from sitsprobe.gpuwatch import GpuWatch
 from sitsprobe.probes import cuda as cuda_probe
 from sitsprobe.probes import markers as marker_probe
 from sitsprobe.probes import net as net_probe
-from sitsprobe.request import H2, CacheLookup, Endpoint, Inference, Request, Stage
+from sitsprobe.request import H2, CacheLookup, Endpoint, GenAI, Inference, Request, Stage
 from sitsprobe.stitch.genai import from_markers
 from tests.otlp_receiver import attributes
 
@@ -255,8 +255,11 @@ def agent_registry() -> CollectorRegistry:
                                            local=Endpoint("10.0.0.5", 40000), peer=Endpoint("10.0.0.7", 8080))
     grpc = call._replace(protocol="http/2", method="POST", path="/pkg.Svc/Get", target="/pkg.Svc/Get",
                          h2=H2(stream_id=1, grpc=True, grpc_status=0))
-    for r in (call, call._replace(protocol="resp", method="GET"), grpc, grpc._replace(direction="server")):
-        agent.metrics.observe(r)  # the calls it made (HTTP, Redis, gRPC) and a gRPC call it served
+    chat = call._replace(genai=GenAI(source="wire", operation="chat", provider="openai", request_model="m",
+                                     input_tokens=3, output_tokens=5, streaming=True,
+                                     first_token_ns=call.start_ns + S // 10))
+    for r in (call, chat, call._replace(protocol="resp", method="GET"), grpc, grpc._replace(direction="server")):
+        agent.metrics.observe(r)  # the calls it made (HTTP, GenAI, Redis, gRPC) and a gRPC call it served
     for ch in h2_chunks(now):  # an HTTP/2 connection it served, framed by stitch.streams
         agent._on_chunk(ch)
     for key, hit, peer in ((b"user:1", True, Endpoint("10.1.2.3", 5000)),

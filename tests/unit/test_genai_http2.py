@@ -173,10 +173,16 @@ def test_a_request_whose_model_is_past_the_first_bytes_is_read_from_its_tail():
     assert g.request_model == AS_WRITTEN["vllm_chat"]["request_model"]
 
 
-def test_a_traced_clients_call_keeps_nothing():
-    """As over HTTP/1: GenAI meaning is a server's (its metrics, the report);
-    a gateway's call to its upstream would count the request twice."""
-    chunks = [c._replace(dir=CH_OUT if c.dir == CH_IN else CH_IN if c.dir == CH_OUT else c.dir,
-                         flags=c.flags | CF_CLIENT) for c in served("vllm_chat")]
-    out, _ = stitched(chunks)
-    assert [(r.direction, r.method, r.payload) for r in out] == [("client", "POST", None)]
+def as_called(chunks):
+    """A server's chunks as its traced client saw them: what the server read, written."""
+    flip = {CH_IN: CH_OUT, CH_OUT: CH_IN}
+    return [c._replace(dir=flip.get(c.dir, c.dir), flags=c.flags | CF_CLIENT) for c in chunks]
+
+
+@pytest.mark.parametrize("name", sorted(AS_WRITTEN))
+def test_a_traced_clients_call_reads_as_the_servers_answer(name):
+    """A gateway's or an application's call to an inference API: its reads of
+    the answer are the writes, at the times the client read them."""
+    r, g = read_one(as_called(served(name)))
+    assert (r.direction, r.protocol, r.method) == ("client", "http/2", "POST")
+    assert g == GenAI(source="wire", **AS_WRITTEN[name])

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sitsprobe.export.genai_metrics import EngineMetrics
+from sitsprobe.export.prom import RequestMetrics
 from sitsprobe.export.semconv import span_attributes
 from sitsprobe.request import CLIENT_CLOSED, Endpoint, GenAI, Request
 
@@ -27,9 +28,9 @@ def chat(model: str, ms: float, *, status: int = 200, complete: bool = True, par
                    genai=g, segments=(int(ms * MS), 0, 0, 0, 0))
 
 
-def samples(m: EngineMetrics, name: str) -> dict[tuple, float]:
+def samples(m: EngineMetrics | RequestMetrics, name: str) -> dict[tuple, float]:
     reg = CollectorRegistry()
-    reg.register(type("C", (), {"collect": lambda self: m.families()})())
+    reg.register(m if isinstance(m, RequestMetrics) else type("C", (), {"collect": lambda self: m.families()})())
     out = {}
     for fam in text_string_to_metric_families(generate_latest(reg).decode()):
         for s in fam.samples:
@@ -86,3 +87,47 @@ def test_the_slow_tail_is_a_models_whatever_the_error_types():
             samples(m, "sitsprobe_gen_ai_slow_tail_segment_seconds_total").items() if ("segment", "network") in k}
     # every 10 ms one is at its own bucket's p99 or above (its bucket read alone), the 1 ms ones are below
     assert tail["b"] == pytest.approx(64 * 0.010 + 1.0)
+
+
+def call(model: str, ms: float, first_ms: float | None = 40, **kw) -> Request:
+    """A traced client's streamed chat to 10.0.0.7:8000, as chat() is the server's."""
+    r = chat(model, ms, **kw)
+    g = r.genai._replace(streaming=True, first_token_ns=None if first_ms is None else int(first_ms * MS))
+    return r._replace(direction="client", comm="gateway", local=Endpoint("10.0.0.5", 41000),
+                      peer=Endpoint("10.0.0.7", 8000), route=None, genai=g, segments=None)
+
+
+def test_a_traced_clients_calls_are_gen_ai_client_metrics_never_the_servers():
+    """A gateway traced on both sides: the request it served counts once in
+    gen_ai.server.*, its call upstream once in gen_ai.client.*, by the server
+    called; a non-stream call has no time to first chunk."""
+    m = RequestMetrics()
+    m.observe(chat("m", 120))
+    m.observe(call("m", 100))
+    m.observe(call("m", 90, status=503, error="overloaded_error"))
+    m.observe(call("m", 30, first_ms=None)._replace(genai=call("m", 30).genai._replace(streaming=False)))
+    server = (("gen_ai_operation_name", "chat"), ("gen_ai_provider_name", "openai"), ("gen_ai_request_model", "m"))
+    called = (*server, ("process", "gateway"), ("server_address", "10.0.0.7"), ("server_port", "8000"))
+    assert samples(m, "gen_ai_server_request_duration_seconds_count") == {
+        tuple(sorted((*server, ("error_type", ""), ("process", "vllm")))): 1.0}
+    assert samples(m, "gen_ai_client_operation_duration_seconds_count") == {
+        tuple(sorted((*called, ("error_type", "")))): 2.0,
+        tuple(sorted((*called, ("error_type", "overloaded_error")))): 1.0}
+    assert samples(m, "gen_ai_client_operation_time_to_first_chunk_seconds_sum") == {
+        tuple(sorted(called)): pytest.approx(0.080)}  # the two streams', 40 ms each
+    tokens = samples(m, "gen_ai_client_token_usage_sum")
+    assert tokens == {tuple(sorted((*called, ("gen_ai_token_type", t)))): float(n * 3) for t, n in
+                      (("input", 5), ("output", 3))}
+    assert samples(m, "gen_ai_client_token_usage_bucket")[
+        tuple(sorted((*called, ("gen_ai_token_type", "input"), ("le", "4"))))] == 0.0  # 5 tokens: above 4
+
+
+def test_a_calls_span_has_its_time_to_first_chunk_not_a_servers_times():
+    a = span_attributes(call("m", 100)._replace(genai=call("m", 100).genai._replace(last_token_ns=90 * MS)))
+    assert a["gen_ai.response.time_to_first_chunk"] == pytest.approx(0.040)
+    assert "gen_ai.server.time_to_first_token" not in a and "gen_ai.server.time_per_output_token" not in a
+    served = span_attributes(chat("m", 100)._replace(genai=chat("m", 100).genai._replace(
+        streaming=True, first_token_ns=40 * MS, last_token_ns=90 * MS)))
+    assert served["gen_ai.server.time_to_first_token"] == pytest.approx(0.040)
+    assert served["gen_ai.server.time_per_output_token"] == pytest.approx(0.025)
+    assert "gen_ai.response.time_to_first_chunk" not in served
