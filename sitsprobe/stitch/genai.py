@@ -209,11 +209,15 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
     cut = [w for w in p.writes if len(w.peek) < w.size]
     if not cut:
         return g, False
-    seen: dict[int, int] = {}  # write time -> events whose start it showed
+    cut_at = {w.ts_ns for w in cut}
+    seen: dict[int, int] = {}  # write time -> events whose start it showed ...
+    shown: dict[int, int] = {}  # ... and of those, the ones it showed output in
     done_seen = False
     for ts, data in events:
-        seen[ts] = seen.get(ts, 0) + 1
         done_seen = done_seen or data == b"[DONE]"
+        if ts in cut_at:
+            seen[ts] = seen.get(ts, 0) + 1
+            shown[ts] = shown.get(ts, 0) + shape.partial_content(data)
     unsure, extra, content, first, last = False, 0, 0, g.first_token_ns, g.last_token_ns
     # [DONE] is in the last cut write only if no write past those kept came after it
     at_end = p.writes_total <= len(p.writes)
@@ -230,12 +234,12 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
                 unsure = True  # [DONE] among the lines counted would be counted as an event
         hidden = max(hidden, 0)
         extra += hidden
-        shown = sum(1 for ts, data in events if ts == w.ts_ns and shape.partial_content(data))
         told = w.delta_lines if shape.typed else w.output_lines - w.special_lines
+        showed = shown.get(w.ts_ns, 0)
         # at most one an event the peek did not show as output: those it hid, those it cut short;
         # fewer than it showed, in a write counted whole: an event it cut short looked like output
         # and was not (TGI's last token, its "special":true past the peek)
-        tokens = min(told - shown, hidden + seen.get(w.ts_ns, 0) - shown)
+        tokens = min(told - showed, hidden + seen.get(w.ts_ns, 0) - showed)
         if tokens < 0 and w.scanned == w.size:
             content += tokens
         elif tokens > 0:
