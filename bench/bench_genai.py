@@ -1,14 +1,16 @@
 """What the GenAI wire capture and the run-queue hooks cost a streaming
 inference server, per request, measured side by side in one run.
 
-    sudo .venv/bin/python bench/bench_genai.py [--seconds 5] [--rounds 3] [--events 32]
+    sudo .venv/bin/python bench/bench_genai.py [--seconds 5] [--rounds 3] [--events 32] [--per-write 1]
 
 The server is this file's --serve mode: a stdlib ThreadingHTTPServer (HTTP/1.1
 keep-alive, TCP_NODELAY) answering POST /v1/chat/completions with an
 OpenAI-shaped SSE stream (chunked, text/event-stream) and no sleeping: the
 response head, --events content events, a final event with finish_reason and
 usage, `data: [DONE]` and the last chunk, each in its own write: events + 4
-writes a response. wrk -t1 -c4 POSTs a ~600-byte body shaped like the openai
+writes a response. --per-write N puts N content events in each write (a
+server catching up under load), so that the kernel counts the lines of the
+writes longer than their peek (bpf/write_scan.h). wrk -t1 -c4 POSTs a ~600-byte body shaped like the openai
 client's (model and max_tokens after the messages) from a Lua script.
 
 Configurations, run in turn every round (a b c d e f, a b c d e f, ...) so that
@@ -122,10 +124,11 @@ def stream_writes(events: int) -> tuple[bytes, bytes, bytes, bytes]:
     return chunk(token), chunk(final), chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"
 
 
-def serve(port: int, events: int) -> None:
+def serve(port: int, events: int, per_write: int) -> None:
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     token, final, done, last = stream_writes(events)
+    writes = [token * min(per_write, events - i) for i in range(0, events, per_write)]
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive
@@ -144,8 +147,8 @@ def serve(port: int, events: int) -> None:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()  # one write (wfile is unbuffered: one sendall a write)
             write = self.wfile.write
-            for _ in range(events):
-                write(token)
+            for w in writes:
+                write(w)
             write(final)
             write(done)
             write(last)
@@ -181,10 +184,10 @@ def lua_script(body: bytes) -> str:
             "wrk.headers[\"User-Agent\"] = \"OpenAI/Python 1.54.0\"\n")
 
 
-def start_server(tmp: Path, port: int, events: int, tag: str) -> subprocess.Popen:
+def start_server(tmp: Path, port: int, events: int, per_write: int, tag: str) -> subprocess.Popen:
     with open(tmp / "server.log", "w") as log:  # wrk's resets at the end of each run may print there
         p = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--events", str(events),
-                              "--tag", tag], stdout=log, stderr=subprocess.STDOUT)
+                              "--per-write", str(per_write), "--tag", tag], stdout=log, stderr=subprocess.STDOUT)
     wait_until(lambda: _streams(port), 15, f"the stream server on :{port}")
     return p
 
@@ -391,7 +394,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1,
                     help="wrk seconds before each measurement, 0 = none (default 1)")
     ap.add_argument("--events", type=int, default=32,
-                    help="content events (one write each) per streamed response (default 32)")
+                    help="content events per streamed response (default 32)")
+    ap.add_argument("--per-write", type=int, default=1,
+                    help="content events a write (default 1: one each, as servers write them)")
     ap.add_argument("--no-idle", action="store_true",
                     help="skip (e) and (f), the untraced-server runs (two agent starts a round fewer)")
     ap.add_argument("--bpf-stats", action="store_true",
@@ -401,7 +406,7 @@ def main() -> int:
     ap.add_argument("--tag", help=argparse.SUPPRESS)  # in the server's command line, for select.cmdline
     a = ap.parse_args()
     if a.serve:
-        serve(a.serve, a.events)
+        serve(a.serve, a.events, a.per_write)
         return 0
     if os.geteuid() != 0:
         print("bench_genai: run as root (the agent loads BPF)", file=sys.stderr)
@@ -411,7 +416,7 @@ def main() -> int:
             print(f"bench_genai: {tool} is not installed (scripts/setup.sh installs it)", file=sys.stderr)
             return 2
 
-    writes = a.events + EXTRA_WRITES
+    writes = -(-a.events // a.per_write) + EXTRA_WRITES
     body = request_body()
     argv = " ".join(shlex.quote(x) for x in sys.argv[1:])
     env = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if os.environ.get("PYTHONPATH") else ""
@@ -434,7 +439,7 @@ def main() -> int:
     idle = subprocess.Popen(["sleep", "86400"])  # (e)/(f): a process the agent tracks that never talks
     server = None
     try:
-        server = start_server(tmp, port, a.events, tag)
+        server = start_server(tmp, port, a.events, a.per_write, tag)
         srv = psutil.Process(server.pid)
         for rnd in range(1, a.rounds + 1):
             for c in configs:
