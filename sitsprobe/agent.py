@@ -702,8 +702,9 @@ class Agent:
     def _remember(self, r: Request) -> None:
         """A GenAI request served, for `sitsprobe report --agent`: every one,
         before sampling, so its P99 is exact (a traced client's calls are not
-        the node's service: a gateway's would count each request twice). Without a trace of its own yet, its
-        head-sampling draw uses an id made from the request."""
+        the node's service: a gateway's would count each request twice).
+        Without a trace of its own yet, its head-sampling draw uses an id made
+        from the request."""
         trace = r.traceparent.trace_id if r.traceparent is not None else \
             hash((r.pid, r.fd, r.start_ns)) & ((1 << 128) - 1)
         self.recent.add(RequestRecord.from_request(r, span_attributes(r), clock=self.clock,
