@@ -184,7 +184,7 @@ def lua_script(body: bytes) -> str:
             "wrk.headers[\"User-Agent\"] = \"OpenAI/Python 1.54.0\"\n")
 
 
-def start_server(tmp: Path, port: int, events: int, per_write: int, tag: str) -> subprocess.Popen:
+def start_server(tmp: Path, port: int, events: int, tag: str, per_write: int = 1) -> subprocess.Popen:
     with open(tmp / "server.log", "w") as log:  # wrk's resets at the end of each run may print there
         p = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--events", str(events),
                               "--per-write", str(per_write), "--tag", tag], stdout=log, stderr=subprocess.STDOUT)
@@ -439,7 +439,7 @@ def main() -> int:
     idle = subprocess.Popen(["sleep", "86400"])  # (e)/(f): a process the agent tracks that never talks
     server = None
     try:
-        server = start_server(tmp, port, a.events, a.per_write, tag)
+        server = start_server(tmp, port, a.events, tag, a.per_write)
         srv = psutil.Process(server.pid)
         for rnd in range(1, a.rounds + 1):
             for c in configs:

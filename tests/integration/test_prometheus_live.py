@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus (Debian's
                                                           "scripts/setup.sh installs it")
 # what the demo cannot feed, by the metric names an expression reads
 NEEDS = {"a GPU (NVML, CUDA)": re.compile(r"\bsitsprobe_(gpu|cuda)_"),
-         "calls out of the traced process": re.compile(r"\b(http_client|rpc_client|db_client)_"),
+         "calls out of the traced process": re.compile(r"\b(http_client|rpc_client|db_client|gen_ai_client)_"),
          "a gRPC server": re.compile(r"\brpc_server_")}
 # what a healthy run counts none of: losses, drops, server errors (and the alerts on them)
 NONE_WHEN_HEALTHY = re.compile(r'_lost_total|_dropped_total|status_code=~"5\.\."')
