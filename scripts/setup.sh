@@ -19,6 +19,7 @@ packages=(python3-bpfcc bpfcc-tools bpftool systemtap-sdt-dev nginx-light apache
           nodejs      # Node.js: a keep-alive server that reads a body after its answer, and HTTPS
           haproxy     # a gateway no one here wrote, on event loops, reusing its upstream connections
           curl        # a client that sends each of its parallel requests with a traceparent of its own
+          gcc         # the kernel's bucket expressions and write scan, built and held to their Python twins
           prometheus  # promtool and a live Prometheus: the alerting rules and the dashboards' PromQL
           podman runc mmdebstrap iptables)  # scripts/image.sh: the image built from Debian and run
 missing=()
