@@ -59,6 +59,7 @@ class TlsHooks:
         self._load_module = load_module
         self._proc = proc
         self._bpf = None  # the TLS programs' bcc module, once loaded
+        self._detacher: side_by_side.Detacher | None = None  # its probes of processes gone
         self._loading: threading.Thread | None = None
         self._load_failed: str | None = None
         self._refused: str | None = None  # why the last load was refused for the moment
@@ -167,16 +168,19 @@ class TlsHooks:
         self.covered.pop(pid, None)
         self.failed.pop(pid, None)
         self._procs.pop(ct.c_uint(pid), None)
-        for ev in self._events.pop(pid, ()):
-            try:
-                self._bpf.detach_uprobe_event(ev)
-            except Exception as e:  # noqa: BLE001 (bcc raises Exception) the rest still go
-                log.debug("tls probe %s: %s", ev.decode(errors="replace"), e)
+        events = self._events.pop(pid, ())
+        if events:
+            if self._detacher is None:
+                self._detacher = side_by_side.Detacher(self._bpf)
+            self._detacher.detach(events)
 
     def close(self) -> None:
         """Every probe off and the programs freed (a load under way first ends)."""
         if self._loading is not None:
             self._loading.join()
+        if self._detacher is not None:
+            self._detacher.close()
+            self._detacher = None
         if self._bpf is not None:
             side_by_side.close(self._bpf)
             self._bpf = None
