@@ -89,6 +89,7 @@ class Agent:
         self.selector = selector_of(config)
         self._scan = procs.Rescan(self.selector, memo=procs.ListenMemo())
         self._notices_lost = 0
+        self._exited: dict[int, None] = {}  # processes gone, retired once the rings are drained
         if self.selector.empty():
             raise SitsprobeError(
                 "nothing to trace: give --pid, --comm, --cmdline or --port, or a --cache-probe "
@@ -448,6 +449,19 @@ class Agent:
                 self._thread_names[(pid, thread)] = name
         return name
 
+    def _retire_exited(self) -> None:
+        """Retire the processes that exited, once every ring is drained. A
+        process that exits right after a call puts its last bytes and its exit
+        in the rings together, and its exit notice is read before the streams
+        ring (libbpf drains rings in the order they were opened) or before a
+        drain that its budget cut short: retired at once, its last HTTP/2
+        streams were read as a new connection's, their headers undecoded."""
+        readers = (self.markers, self.cache, self.probe)
+        if self._exited and all(r.drained() for r in readers if r is not None):
+            exited, self._exited = self._exited, {}
+            for pid in exited:
+                self._retire(pid)
+
     def _retire(self, pid: int) -> None:
         """A process that exited: everything it held is reported and folded
         into its name's totals, and only then is it no longer tracked (so a
@@ -510,8 +524,7 @@ class Agent:
             elif info.comm != self.tracked[pid]:  # it renamed itself (prctl, setproctitle)
                 self.tracked[pid] = self.names[pid] = info.comm
                 self._thread_names = {k: v for k, v in self._thread_names.items() if k[0] != pid}
-        for pid in [p for p in self.tracked if p not in found and procs.read_info(p) is None]:
-            self._retire(pid)
+        self._exited.update((p, None) for p in self.tracked if p not in found and procs.read_info(p) is None)
         if self.cache is not None:
             self.cache.rescan()
         if self.config.engine.markers:
@@ -577,7 +590,7 @@ class Agent:
 
     def _on_notice(self, n: ProcessNotice) -> None:
         if n.kind == "exit":
-            self._retire(n.tgid)
+            self._exited[n.tgid] = None
             return
         if n.kind == "exec":
             self._scan.fresh(n.tgid)  # a new program may yet rename itself as it starts
@@ -772,6 +785,7 @@ class Agent:
             if self.cache is not None:
                 self.cache.consume()
             self.probe.consume()
+            self._retire_exited()
             self.probe.tls.attach_waiting()  # once its programs are loaded (a thread's work)
             now = time.monotonic()
             if now >= next_flush:

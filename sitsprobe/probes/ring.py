@@ -67,6 +67,10 @@ class RingReader:
         self._budget.refill()
         self._bpf.ring_buffer_consume()
 
+    def drained(self) -> bool:
+        """Whether the last drain emptied every ring (its budget did not end it)."""
+        return self._budget.left > 0
+
 
 class RingWait:
     """One wait for several rings (their map fds): it ends at the timeout, or

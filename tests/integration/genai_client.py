@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -134,6 +135,7 @@ def main() -> None:
              "anthropic": lambda: with_anthropic(args.base)}[args.client]
     for line in calls():
         print(json.dumps(line), flush=True)
+    os._exit(0)  # at once, as a killed caller does: its last reads and its exit reach the agent together
 
 
 if __name__ == "__main__":
