@@ -6,7 +6,9 @@ lines instead of the syscalls':
 - the request's first ``body`` DATA bytes, up to the first not copied, and its
   last ``tail`` bytes (those after the last gap);
 - each response DATA frame as a write: the time of the read or write its frame
-  header came in, its size (padding aside) and its first ``peek`` bytes; in a
+  header came in (1 ns after the frame before where one call held both: the
+  writes of a stream are told apart by their times, as the kernel's are), its
+  size (padding aside) and its first ``peek`` bytes; in a
   frame longer than that, the lines of its copied bytes are counted as the
   kernel counts a long write's (:mod:`..write_scan`); ``writes`` frames timed
   at most, every one counted;
@@ -42,7 +44,7 @@ class Kept:
     """One stream's pieces, fed by the stream's parser as its DATA comes."""
 
     __slots__ = ("lim", "body", "body_cut", "req_tail", "writes", "total", "frame", "frame_cut",
-                 "frame_size", "resp_tail", "headers", "release")
+                 "frame_size", "resp_tail", "headers", "release", "last_ns")
 
     def __init__(self, lim: Limits, release: Callable[[], None] = _nothing):
         """``release``: called once, when the payload is taken (a bound on
@@ -54,6 +56,7 @@ class Kept:
         self.frame, self.frame_cut, self.frame_size = bytearray(), False, 0  # the frame being read
         self.resp_tail = bytearray()
         self.headers: dict[str, str] | None = None
+        self.last_ns = 0  # the time of the last write kept
 
     def request(self, v) -> None:
         if not self.body_cut and len(self.body) < self.lim.body:
@@ -85,7 +88,8 @@ class Kept:
         self.total += 1
         if len(self.writes) >= self.lim.writes:
             return
-        peek = seen[:self.lim.peek]
+        peek, ts_ns = seen[:self.lim.peek], max(ts_ns, self.last_ns + 1)
+        self.last_ns = ts_ns
         if len(peek) == size:
             self.writes.append(Write(ts_ns, size, peek))
         else:  # what the kernel counts of a write longer than its peek
