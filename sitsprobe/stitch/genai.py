@@ -55,6 +55,7 @@ from ..request import GenAI, Payload, Request, Write
 from . import genai_shapes as shapes
 from .genai_shapes import MAX_NAME, Shape, label, loads
 from .http import ResponseHead, head_apart, parse_request_heads, parse_response_head
+from .write_scan import counted
 
 __all__ = ["from_markers", "merge", "read"]
 
@@ -162,7 +163,7 @@ def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bo
     p, head = _final_response(p, req.status)
     status = head.status if head else req.status
     encoding = _encoding(head)
-    decoded = True
+    decoded, carried = True, {}
     if encoding is None and (quick := _chunk_each(p.writes, head)) is not None:
         events, chunks_ended, kind = quick
     else:
@@ -177,9 +178,9 @@ def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bo
         kind = _kind(head, pieces, shape, asked_stream, status)
         if kind == "json":
             return _whole(req, p, shape, g, head, status, pieces)
-        events = _events(pieces, kind)
+        events = _events(pieces, kind, carried)
     g, ended = _stream(shape, g, events, status)
-    g, unsure = _unseen_events(g, p, events, kind, shape) if encoding is None else (g, not decoded)
+    g, unsure = _unseen_events(g, p, events, kind, shape, carried) if encoding is None else (g, not decoded)
     tail = _tail_text(p.response_tail) if encoding is None else b""
     approximate = p.writes_total > len(p.writes) or unsure
     if p.writes_total > len(p.writes) and p.response_tail and encoding is None:
@@ -195,7 +196,7 @@ def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bo
 
 
 def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: str,
-                   shape: Shape) -> tuple[GenAI, bool]:
+                   shape: Shape, carried: dict[int, bytes]) -> tuple[GenAI, bool]:
     """``g`` with what the peeks of writes longer than them did not show, and
     whether any count is still unsure. The kernel counts the lines of such a
     write (bpf/write_scan.h): its events (SSE: lines that begin ``data:``, one
@@ -205,7 +206,9 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
     output keys' non-empty strings begun, a special token's aside). Output the
     peek did not show, in an event it hid or cut before its output field, is
     content at the time of that write: a server that coalesces tokens under
-    load, a client that reads several at once."""
+    load, a client that reads several at once. ``carried``: what a write's
+    peek held of an event begun in an earlier one (a read that split it):
+    output the kernel counted there is the earlier write's, shown already."""
     cut = [w for w in p.writes if len(w.peek) < w.size]
     if not cut:
         return g, False
@@ -226,7 +229,9 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
             unsure = True  # not counted (a write the kernel could not read whole)
             continue
         unsure = unsure or w.scanned < w.size
-        hidden = (w.data_lines if kind == "sse" else w.json_lines) - seen.get(w.ts_ns, 0)
+        # what it held of an event begun in an earlier write: counted here, read there
+        before = counted(carried[w.ts_ns]) if w.ts_ns in carried else None
+        hidden = _lines(w, kind) - seen.get(w.ts_ns, 0) - (_lines(before, kind) if before else 0)
         if kind == "sse" and not done_seen and hidden > 0 and w is cut[-1] and at_end:
             if b"[DONE]" in p.response_tail:
                 hidden -= 1
@@ -234,7 +239,7 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
                 unsure = True  # [DONE] among the lines counted would be counted as an event
         hidden = max(hidden, 0)
         extra += hidden
-        told = w.delta_lines if shape.typed else w.output_lines - w.special_lines
+        told = _output(w, shape) - (_output(before, shape) if before else 0)
         showed = shown.get(w.ts_ns, 0)
         # at most one an event the peek did not show as output: those it hid, those it cut short;
         # fewer than it showed, in a write counted whole: an event it cut short looked like output
@@ -250,6 +255,16 @@ def _unseen_events(g: GenAI, p: Payload, events: list[tuple[int, bytes]], kind: 
         return g, unsure
     return g._replace(events=g.events + extra, content_events=g.content_events + content,
                       first_token_ns=first, last_token_ns=last), unsure
+
+
+def _lines(w, kind: str) -> int:
+    """A write's events as the kernel counts them (a Write, or a write_scan.Counted)."""
+    return w.data_lines if kind == "sse" else w.json_lines
+
+
+def _output(w, shape: Shape) -> int:
+    """A write's output begun as the kernel counts it (a Write, or a write_scan.Counted)."""
+    return w.delta_lines if shape.typed else w.output_lines - w.special_lines
 
 
 def _untimed_writes(req: Request, g: GenAI, p: Payload, kind: str, shape: Shape, tail: bytes,
@@ -501,9 +516,11 @@ def _kind(head, pieces: list[_Piece], shape: Shape, asked_stream: bool, status) 
     return shape.stream_kind if asked_stream else "json"
 
 
-def _events(pieces: list[_Piece], kind: str) -> list[tuple[int, bytes]]:
+def _events(pieces: list[_Piece], kind: str, carried: dict[int, bytes] | None = None) -> list[tuple[int, bytes]]:
     """(time of the write it begins in, its data) of each event whose start was
-    seen. A run of pieces after a gap starts an event only if it looks like one."""
+    seen. A run of pieces after a gap starts an event only if it looks like one.
+    ``carried`` is given, for each write that carried on an event begun before
+    it, the bytes of that event it held."""
     sep, runs = _SEPARATORS[kind], []
     for piece in pieces:
         if piece.gap or not runs:
@@ -515,7 +532,7 @@ def _events(pieces: list[_Piece], kind: str) -> list[tuple[int, bytes]]:
             out += [(ts, data) for ts, data in each if data]
             looked += len(each)
             continue
-        blocks = _blocks(run, kind, sep)[:MAX_EVENTS - looked]
+        blocks = _blocks(run, kind, sep, carried)[:MAX_EVENTS - looked]
         looked += len(blocks)
         for ts, block in blocks:
             if kind == "sse":  # the event's data: lines, joined; comments and the like are none
@@ -546,9 +563,11 @@ def _one_event_each(run: list[_Piece], kind: str) -> list[tuple[int, bytes]] | N
     return None
 
 
-def _blocks(run: list[_Piece], kind: str, sep: re.Pattern) -> list[tuple[int, bytes]]:
+def _blocks(run: list[_Piece], kind: str, sep: re.Pattern,
+            carried: dict[int, bytes] | None = None) -> list[tuple[int, bytes]]:
     """(time of the write it begins in, its bytes) of each event of a run of
-    pieces, between the separators."""
+    pieces, between the separators; and in ``carried``, what a piece held of
+    an event begun in one before it."""
     text = b"".join(pc.data for pc in run)
     starts = [0]
     for pc in run[:-1]:
@@ -561,7 +580,11 @@ def _blocks(run: list[_Piece], kind: str, sep: re.Pattern) -> list[tuple[int, by
     blocks = []
     for start, after in ends:
         if start > pos:
-            blocks.append((run[bisect.bisect_right(starts, pos) - 1].ts_ns, text[pos:start]))
+            first = bisect.bisect_right(starts, pos)
+            blocks.append((run[first - 1].ts_ns, text[pos:start]))
+            if carried is not None:
+                for i in range(first, bisect.bisect_left(starts, start)):
+                    carried[run[i].ts_ns] = text[starts[i]:after]  # its end and separator
         pos = max(pos, after)
     return blocks
 
