@@ -12,7 +12,8 @@ from typing import NamedTuple
 SCAN = 4096  # bytes of a write counted (bpf/sitsprobe.h WRITE_SCAN)
 
 # an output key's non-empty string begun, spaces aside: its last 8 bytes (the C's OUT_KEY)
-_OUTPUT = re.compile(rb'(?:ntent|"text|ponse|oning|nking|fusal|ments) *" *: *"[^"]')
+OUTPUT = re.compile(rb'(?:ntent|"text|ponse|oning|nking|fusal|ments) *" *: *"[^"]')
+DELTA = re.compile(rb'\.delta"|k_delta"')  # a typed event's output: its type's end
 _SPECIAL = re.compile(rb'al *" *: *true')
 
 
@@ -31,5 +32,5 @@ def counted(write: bytes) -> Counted:
     """The kernel's counts of ``write`` (its first SCAN bytes), which begins a line."""
     seen = write[:SCAN]
     return Counted((b"\n" + seen).count(b"\ndata:"), seen.count(b"}\n"), len(seen),
-                   seen.count(b'.delta"') + seen.count(b'k_delta"'), len(_OUTPUT.findall(seen)),
+                   len(DELTA.findall(seen)), len(OUTPUT.findall(seen)),
                    len(_SPECIAL.findall(seen)))

@@ -23,6 +23,7 @@ import pytest
 from sitsprobe.export.semconv import span_attributes
 from sitsprobe.request import GenAI, Inference, Payload, Request, Stage, Write
 from sitsprobe.stitch.genai import from_markers, merge, read
+from sitsprobe.stitch.write_scan import DELTA, OUTPUT
 from sitsprobe.stitch import write_scan
 from sitsprobe.stitch.genai_shapes import MAX_JSON
 
@@ -344,11 +345,6 @@ def test_however_events_share_writes_past_their_peek_the_record_is_the_streams(n
                                                    at_write[part[truth.last_token_ns]])
 
 
-# where the kernel counts an answer's output begun (bpf/write_scan.h): the typed APIs' deltas, else output keys
-OUTPUT_BEGUN = {"typed": re.compile(rb'\.delta"|k_delta"'),
-                "untyped": re.compile(rb'(?:ntent|"text|ponse|oning|nking|fusal|ments) *" *: *"[^"]')}
-
-
 @pytest.mark.parametrize("name", [n for n in sorted(INDEX) if INDEX[n]["stream"]])
 def test_a_read_that_ends_inside_an_event_leaves_its_counts_to_the_event(name):
     """A read may end inside an event (a client that reads what has come, a
@@ -362,7 +358,7 @@ def test_a_read_that_ends_inside_an_event_leaves_its_counts_to_the_event(name):
     parts = written(name)
     raw, truth = b"".join(parts), read(exchange(name, parts))
     typed = name.startswith(("anthropic", "openai_responses"))
-    split = OUTPUT_BEGUN["typed" if typed else "untyped"].search(raw, len(parts[0])).start()
+    split = (DELTA if typed else OUTPUT).search(raw, len(parts[0])).start()  # where the kernel counts it
     first, rest = raw[:split], raw[split:]
     # the first read whole, the second past its peek; Anthropic's head is long: the first cut too
     peek = len(first) if len(rest) > len(first) else 384
