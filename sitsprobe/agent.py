@@ -54,6 +54,7 @@ log = logging.getLogger("sitsprobe")
 
 
 TLS_LOOK_EVERY_S = 2.0  # a traced process without libssl mapped: looked at again this often
+EXIT_WAIT_S = 1.0  # an exit heard waits this long at most for the rings to be drained
 
 def selector_of(config: Config) -> procs.Selector:
     """select.*; with none of it set, the processes the cache probes name:
@@ -89,7 +90,7 @@ class Agent:
         self.selector = selector_of(config)
         self._scan = procs.Rescan(self.selector, memo=procs.ListenMemo())
         self._notices_lost = 0
-        self._exited: dict[int, None] = {}  # processes gone, retired once the rings are drained
+        self._exited: dict[int, float] = {}  # processes gone -> when heard, retired once the rings are drained
         if self.selector.empty():
             raise SitsprobeError(
                 "nothing to trace: give --pid, --comm, --cmdline or --port, or a --cache-probe "
@@ -455,11 +456,15 @@ class Agent:
         in the rings together, and its exit notice is read before the streams
         ring (libbpf drains rings in the order they were opened) or before a
         drain that its budget cut short: retired at once, its last HTTP/2
-        streams were read as a new connection's, their headers undecoded."""
+        streams were read as a new connection's, their headers undecoded. A
+        load that keeps cutting the drains short waits at most EXIT_WAIT_S."""
+        if not self._exited:
+            return
         readers = (self.markers, self.cache, self.probe)
-        if self._exited and all(r.drained() for r in readers if r is not None):
-            exited, self._exited = self._exited, {}
-            for pid in exited:
+        drained, now = all(r.drained() for r in readers if r is not None), time.monotonic()
+        for pid, heard in list(self._exited.items()):
+            if drained or now - heard > EXIT_WAIT_S:
+                del self._exited[pid]
                 self._retire(pid)
 
     def _retire(self, pid: int) -> None:
@@ -524,7 +529,8 @@ class Agent:
             elif info.comm != self.tracked[pid]:  # it renamed itself (prctl, setproctitle)
                 self.tracked[pid] = self.names[pid] = info.comm
                 self._thread_names = {k: v for k, v in self._thread_names.items() if k[0] != pid}
-        self._exited.update((p, None) for p in self.tracked if p not in found and procs.read_info(p) is None)
+        for pid in [p for p in self.tracked if p not in found and procs.read_info(p) is None]:
+            self._exited.setdefault(pid, time.monotonic())
         if self.cache is not None:
             self.cache.rescan()
         if self.config.engine.markers:
@@ -590,7 +596,7 @@ class Agent:
 
     def _on_notice(self, n: ProcessNotice) -> None:
         if n.kind == "exit":
-            self._exited[n.tgid] = None
+            self._exited.setdefault(n.tgid, time.monotonic())
             return
         if n.kind == "exec":
             self._scan.fresh(n.tgid)  # a new program may yet rename itself as it starts
