@@ -155,8 +155,11 @@ def span_name(req: Request) -> str:
         return "grpc" if method == OTHER else method  # no method known: {rpc.system.name}
     if is_http(req):
         method = req.method if req.method in KNOWN_METHODS else "HTTP"
-        if is_client(req):  # a client has no route template: {http.request.method}
-            return method
+        if is_client(req):
+            g = req.genai
+            if g is not None and g.operation:  # an inference call: the GenAI conventions' name
+                return f"{g.operation} {g.request_model}" if g.request_model else g.operation
+            return method  # a client has no route template: {http.request.method}
         return f"{method} {req.route or req.path or 'unknown'}"
     if is_redis(req):
         return req.method or "redis"

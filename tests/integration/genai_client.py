@@ -89,15 +89,15 @@ def with_openai(base: str, http2: bool):
                                                           stream_options={"include_usage": True}),
                       lambda ch: bool(ch.choices and ch.choices[0].delta.content))
     usage = got[-1].usage
-    yield {"call": "chat stream", **s, "model": got[0].model, "input_tokens": usage.prompt_tokens,
+    yield {"call": "chat stream", "asked": MODEL, **s, "model": got[0].model, "input_tokens": usage.prompt_tokens,
            "output_tokens": usage.completion_tokens}
     r = api.chat.completions.create(model=MODEL, messages=PROMPT)
-    yield {"call": "chat", "model": r.model, "input_tokens": r.usage.prompt_tokens,
+    yield {"call": "chat", "asked": MODEL, "model": r.model, "input_tokens": r.usage.prompt_tokens,
            "output_tokens": r.usage.completion_tokens, "finish_reason": r.choices[0].finish_reason}
     s, got = streamed(lambda: api.completions.create(model=MODEL, prompt="SECRET-PROMPT", stream=True),
                       lambda ch: bool(ch.choices and ch.choices[0].text))
     # no usage sent: its output tokens are the chunks with output, as the conventions count them
-    yield {"call": "completions stream", **s, "model": got[0].model, "output_tokens": s["content"],
+    yield {"call": "completions stream", "asked": MODEL, **s, "model": got[0].model, "output_tokens": s["content"],
            "finish_reason": [c.choices[0].finish_reason for c in got if c.choices and c.choices[0].finish_reason][-1]}
 
 
@@ -111,11 +111,11 @@ def with_anthropic(base: str):
     del s["events"]  # the SDK hides the wire's ping events
     start = next(e.message for e in got if e.type == "message_start")
     end = next(e for e in got if e.type == "message_delta")
-    yield {"call": "messages stream", **s, "model": start.model, "input_tokens": start.usage.input_tokens,
+    yield {"call": "messages stream", "asked": ask["model"], **s, "model": start.model, "input_tokens": start.usage.input_tokens,
            "output_tokens": end.usage.output_tokens, "finish_reason": end.delta.stop_reason}
     m = api.messages.create(**ask)
     u = m.usage  # the conventions' input tokens include the prompt cache's
-    yield {"call": "messages", "model": m.model, "output_tokens": u.output_tokens, "finish_reason": m.stop_reason,
+    yield {"call": "messages", "asked": ask["model"], "model": m.model, "output_tokens": u.output_tokens, "finish_reason": m.stop_reason,
            "input_tokens": u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens}
 
 

@@ -99,6 +99,9 @@ def test_recorded_answers_a_traced_caller_reads_come_out_as_recorded(tmp_path):
                     wrong.append(f"{label} {r['name']}: not the call to its path: {a}")
                 if INDEX[r["name"]]["stream"] and not a.get("gen_ai.response.time_to_first_chunk"):
                     wrong.append(f"{label} {r['name']}: a stream with no time to first chunk")
+                named = " ".join(want[k] for k in ("gen_ai.operation.name", "gen_ai.request.model") if want.get(k))
+                if span["name"] != named:  # the GenAI conventions' name of an inference call
+                    wrong.append(f"{label} {r['name']}: named {span['name']!r}, not {named!r}")
         assert not wrong, "\n".join(wrong)
         spans = [s for c in callers.values() for s in agent.traces.for_pid(c.proc.pid)]
         assert not any("gen_ai.server.time_to_first_token" in s["attrs"] for s in spans)
@@ -143,6 +146,8 @@ def test_the_official_clients_calls_say_what_each_client_received(tmp_path, cert
                     assert 0 < a["gen_ai.response.time_to_first_chunk"] <= r["ttfc_s"], (label, r["call"], a)
                 if r["call"] == "chat stream":  # its first output came a pause after its role's chunk
                     assert a["gen_ai.response.time_to_first_chunk"] >= GAP_MS / 1000, (label, a)
+                operation = "text_completion" if r["call"].startswith("completions") else "chat"
+                assert span["name"] == f"{operation} {r['asked']}", (label, r["call"], span["name"])
                 assert a["network.protocol.version"] == ("2" if label.endswith("h2") else "1.1"), (label, a)
                 assert a["url.full"].startswith("https://" if "TLS" in label else "http://"), (label, a)
             calls += len(received)

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sitsprobe.export.genai_metrics import EngineMetrics
 from sitsprobe.export.prom import RequestMetrics
-from sitsprobe.export.semconv import span_attributes
+from sitsprobe.export.semconv import span_attributes, span_kind, span_name
 from sitsprobe.request import CLIENT_CLOSED, Endpoint, GenAI, Request
 
 MS = 1_000_000
@@ -131,3 +131,13 @@ def test_a_calls_span_has_its_time_to_first_chunk_not_a_servers_times():
     assert served["gen_ai.server.time_to_first_token"] == pytest.approx(0.040)
     assert served["gen_ai.server.time_per_output_token"] == pytest.approx(0.025)
     assert "gen_ai.response.time_to_first_chunk" not in served
+
+
+def test_a_call_to_a_model_is_named_as_an_inference_its_server_span_for_its_route():
+    """The GenAI conventions name an inference call {operation} {model}; an
+    unknown model leaves the operation; a call that is no GenAI keeps its
+    method, and the server's span its route (the HTTP conventions')."""
+    assert (span_name(call("llama-3.1-8b", 100)), span_kind(call("m", 100)).name) == ("chat llama-3.1-8b", "CLIENT")
+    assert span_name(call("m", 100)._replace(genai=call("m", 100).genai._replace(request_model=None))) == "chat"
+    assert span_name(call("m", 100)._replace(genai=None)) == "POST"
+    assert span_name(chat("m", 100)) == "POST /v1/chat/completions"
