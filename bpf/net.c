@@ -199,11 +199,11 @@ struct scan_buf {
 };
 NET_MAP("percpu_array", int, struct scan_buf, scan_bufs, 1);
 /* Tail calls: 0 scan_head, 1 send_beat, 2 send_chunk, 3 keep_payload, 4 split_body, 5 find_shape,
- * 6 end_conn, 7 sock_io; the same programs once as tracepoints (the syscalls' exits), once as
- * uprobes (the TLS library's returns): a program may only tail-call programs of its own type. */
-NET_MAP("prog", u32, u32, scan_prog, 8); /* 5 find_shape: syscalls and socket tier only (no TLS is
+ * 6 end_conn, 7 sock_io, 8 send_more; the same programs once as tracepoints (the syscalls' exits),
+ * once as uprobes (the TLS library's returns): a program may only tail-call programs of its own type. */
+NET_MAP("prog", u32, u32, scan_prog, 9); /* 5 find_shape: syscalls and socket tier only (no TLS is
                                           * binned); 6 and 7: CONN_BY_STATE only */
-NET_MAP("prog", u32, u32, uscan_prog, 5);
+NET_MAP("prog", u32, u32, uscan_prog, 9); /* 0-4 and 8 */
 static __always_inline void tail(void *ctx, int user, int i)
 {
     if (user)
@@ -649,6 +649,8 @@ struct beat_state {
     __u32 iov_i;   /* this entry */
     __u64 n;      /* bytes written (of buf); 0: no beat pending */
     struct scan scan; /* its lines counted so far (write_scan.h) */
+    __u32 first;  /* 1: its response's first write */
+    __u64 more;   /* bytes of a first write sent, whose more peeks are send_more's */
 };
 NET_MAP("percpu_array", int, struct beat_state, beat_states, 1);
 /* Write events sent, and read: the agent writes its count after each drain.
@@ -681,6 +683,7 @@ static __always_inline void beat(struct conn *c, struct body *b, __u64 ts_ns, __
     st->buf = iovp ? 0 : buf;
     st->iovp = iovp;
     st->iov_i = st->iov_off = 0;
+    st->first = b->writes == 1;
     st->n = iovp || ret < len ? ret : len;
 }
 
@@ -765,6 +768,69 @@ static __always_inline int count_chunk(struct beat_state *st)
     return st->b.scanned < st->n && st->b.scanned < WRITE_SCAN;
 }
 
+/* A response's first write longer than its peek: its head and its first
+ * event together (a client's read that took both, as it reads what has come;
+ * a server that writes them at once, as Node's http does). Its peek shows
+ * the head, and the first event not at all (Anthropic's message_start, the
+ * one event that tells the input tokens), so its next HEAD_PEEKS - 1 peeks
+ * follow it, each an event of its own (beat.peek_at), sent by send_beat's
+ * tail call: the verifier's count of send_beat's paths is near its limit. */
+struct more_buf {
+    __u8 b[2 * HEAD_PEEKS * PEEK_CAP]; /* twice what gather copies */
+};
+NET_MAP("percpu_array", int, struct more_buf, more_bufs, 1);
+
+static __always_inline void send_peek(struct beat_state *st, __u64 *sent, const __u8 *b, __u64 got, __u64 at)
+{
+    struct beat *e = exchanges.ringbuf_reserve(sizeof(struct beat));
+    if (!e) {
+        count(C_WRITES_LOST);
+        return;
+    }
+    __sync_fetch_and_add(sent, 1);
+    bpf_probe_read_kernel(e, sizeof(struct beat), &st->b);
+    __u64 n = got - at;
+    BOUND(n, PEEK_CAP);
+    e->peek_at = at;
+    e->peek_len = n;
+    bpf_probe_read_kernel(e->peek, PEEK_CAP, b + at);
+    exchanges.ringbuf_submit(e, wake(0, sizeof(struct beat)));
+}
+
+static __always_inline int send_more_(void *ctx)
+{
+    int zero = 0;
+    struct beat_state *st = beat_states.lookup(&zero);
+    struct more_buf *s = more_bufs.lookup(&zero);
+    __u64 *sent = beats_sent.lookup(&zero), *read = beats_read.lookup(&zero);
+    if (!st || !st->more)
+        return 0;
+    __u64 got = st->more;
+    st->more = 0;
+    if (!s || !sent || !read || *sent - *read >= BEAT_EIGHTHS(6)) {
+        count(C_WRITES_LOST);
+        return 0;
+    }
+    BOUND(got, HEAD_PEEKS * PEEK_CAP);
+    if (st->iovp) {
+        __u32 i = 0;
+        __u64 off = 0;
+        got = gather(st->iovp, &i, &off, s->b, got, HEAD_PEEKS * PEEK_CAP, PEEK_IOVS);
+    } else if (!st->buf || read_user(s->b, got, (void *)st->buf)) {
+        return 0;
+    }
+#pragma unroll
+    for (int k = 1; k < HEAD_PEEKS; k++)
+        if (got > k * PEEK_CAP)
+            send_peek(st, sent, s->b, got, k * PEEK_CAP);
+    return 0;
+}
+#if defined(TLS_MODULE) && TAILED
+int usend_more(void *ctx) { return send_more_(ctx); }
+#elif TAILED
+int send_more(void *ctx) { return send_more_(ctx); }
+#endif
+
 static __always_inline int send_beat_(void *ctx, int user)
 {
     int zero = 0;
@@ -787,6 +853,7 @@ static __always_inline int send_beat_(void *ctx, int user)
     }
     __sync_fetch_and_add(sent, 1);
     bpf_probe_read_kernel(e, sizeof(struct beat), &st->b);
+    e->peek_at = 0;
     e->data_lines = st->scan.data;
     e->json_lines = st->scan.json;
     e->delta_lines = st->scan.delta;
@@ -805,6 +872,10 @@ static __always_inline int send_beat_(void *ctx, int user)
             e->peek_len = peek;
     }
     exchanges.ringbuf_submit(e, wake(0, sizeof(struct beat)));
+    if (st->first && n > PEEK_CAP) {
+        st->more = n;
+        tail(ctx, user, 8); /* send_more */
+    }
     return 0;
 }
 #if defined(TLS_MODULE) && TAILED /* for the library's returns */

@@ -134,6 +134,7 @@
 #define TP_CAP 64          /* bytes kept after "traceparent:" (the value is 55) */
 #define TS_CAP 128         /* bytes kept after "tracestate:" */
 #define WRITE_SCAN 4096    /* bytes of a response write to a POST whose event lines are counted */
+#define HEAD_PEEKS 4       /* peeks kept of a response's first write: its head, then its first event */
 
 /* struct conn.state */
 enum conn_state {
@@ -283,6 +284,8 @@ struct beat {
                        /* Responses API delta, `k_delta"` that of Anthropic's content_block_delta; */
     __u32 output_lines; /* and output begun: an output key's non-empty string (`"content":"x`, */
     __u32 special_lines; /* write_scan.h); `"special":true`, a token that is no output (TGI's) */
+    __u32 peek_at;  /* where in its write the peek begins: 0, or, for the more of a response's */
+                    /* first write (HEAD_PEEKS), a multiple of PEEK_CAP; counts and size are the 0's */
     __u8 peek[PEEK_CAP];
 };
 

@@ -76,6 +76,7 @@ class Beat(NamedTuple):
 
     key: tuple[int, int, int, int]  # the exchange's Exchange.key
     write: Write
+    peek_at: int = 0  # >0: more of the peek of the write before it, from this byte (bpf/net.c send_more)
 
 
 @dataclass(frozen=True, slots=True)

@@ -254,8 +254,9 @@ class KernelMetrics:
                                   value=c["exchanges"])
         yield CounterMetricFamily(
             "sitsprobe_write_events_received",
-            "Response write events of POST exchanges (capture.genai) read from the kernel; those it "
-            "could not send: sitsprobe_events_lost_total{reason=\"write_ring_full\"}",
+            "Response write events of POST exchanges (capture.genai) read from the kernel (a first "
+            "write's more peeks are events of their own); those it could not send: "
+            "sitsprobe_events_lost_total{reason=\"write_ring_full\"}",
             value=c["writes_read"])
         if c.get("binned"):
             yield CounterMetricFamily(

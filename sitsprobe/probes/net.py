@@ -36,7 +36,8 @@ from .tls import SYMBOLS as TLS_SYMBOLS, TlsHooks
 log = logging.getLogger("sitsprobe")
 _HOOK_CODE = {FENTRY: TCP_SENDMSG_FENTRY, KPROBE: TCP_SENDMSG_KPROBE, TRACEPOINT: TCP_SENDMSG_TRACEPOINT}
 _TIER_CODE = {RAW_TRACEPOINT: NET_TIER_SOCK, TRACEPOINT: NET_TIER_SYSCALL}
-TAILS = (b"scan_head", b"send_beat", b"send_chunk", b"keep_payload", b"split_body")  # bpf/net.c's tail calls, by index
+# bpf/net.c's tail calls made by every program, the TLS library's too, by index
+TAILS = {0: b"scan_head", 1: b"send_beat", 2: b"send_chunk", 3: b"keep_payload", 4: b"split_body", 8: b"send_more"}
 # bpf/net.c's programs for several syscalls' exits (one format: one program),
 # where its tier has them: the tracepoints syscalls:sys_exit_<call> each goes on
 SHARED_EXITS = {b"sys_exit_io": (b"read", b"recvfrom", b"readv", b"recvmsg", b"write", b"sendto",
@@ -155,7 +156,7 @@ def conn_by_state(flags: list[str]) -> bool:
 def tail_calls(flags: list[str]) -> dict[int, bytes]:
     """net.c's tail calls by their index in scan_prog, as compiled with ``flags``
     (7, sock_io itself, is the attached program's)."""
-    calls = dict(enumerate(TAILS))
+    calls = dict(TAILS)
     if "-DBINS=1" in flags:
         calls[5] = b"find_shape"
     if conn_by_state(flags):
@@ -307,7 +308,7 @@ class PayloadDecoder:
         self.beat_size = beat.struct.size
         self._beat = beat.subset("tgid", "fd", "start_ns", "ts_ns", "size", "pipeline", "peek_len",
                                  "data_lines", "json_lines", "scanned", "delta_lines", "output_lines",
-                                 "special_lines", "peek")
+                                 "special_lines", "peek_at", "peek")
 
     def payload(self, buf: bytes) -> Payload:
         """The `struct body` at the end of a conn_body record."""
@@ -318,8 +319,8 @@ class PayloadDecoder:
                        response_tail=_tail(resp_tail, resp_pos, cap), writes_total=writes)
 
     def beat(self, buf: bytes) -> Beat:
-        tgid, fd, start_ns, ts_ns, size, pipeline, peek_len, *lines, peek = self._beat.unpack_from(buf)
-        return Beat((tgid, fd, start_ns, pipeline), Write(ts_ns, size, peek[:peek_len], *lines))
+        tgid, fd, start_ns, ts_ns, size, pipeline, peek_len, *lines, peek_at, peek = self._beat.unpack_from(buf)
+        return Beat((tgid, fd, start_ns, pipeline), Write(ts_ns, size, peek[:peek_len], *lines), peek_at)
 
 
 class ChunkDecoder:
@@ -499,9 +500,9 @@ class NetProbe(RingReader):
         try:
             moved = apart.onto(tls, made) if made is not None else {}
             entries = [entry.encode() for entry in TLS_SYMBOLS.values()]
-            user_tails = [b"u" + name for name in TAILS]
+            user_tails = [b"u" + name for name in TAILS.values()]
             loaded = side_by_side.load(tls, [*user_tails, b"ssl_leave", *entries], BPF.KPROBE, moved)
-            for i, fn in enumerate(loaded[:len(user_tails)]):
+            for i, fn in zip(TAILS, loaded):
                 self._bpf[b"uscan_prog"][ct.c_int(i)] = ct.c_int(fn.fd)
         except BaseException:
             side_by_side.close(tls)

@@ -46,7 +46,14 @@ class Stitcher:
         self.writes_dropped = 0  # writes not held: max_writes were waiting already (a loss, exported)
 
     def on_beat(self, beat: Beat) -> None:
-        """A response write of an exchange still to come."""
+        """A response write of an exchange still to come; or more of the peek
+        of the write before it (a response's first write, its head and first
+        event together), which goes on that peek where it follows on."""
+        if beat.peek_at:
+            writes = self._writes.get(beat.key)
+            if writes and len(writes[-1].peek) == beat.peek_at and writes[-1].ts_ns == beat.write.ts_ns:
+                writes[-1] = writes[-1]._replace(peek=writes[-1].peek + beat.write.peek)
+            return
         if self._writes_held >= self._max_writes:
             self.writes_dropped += 1
             return

@@ -11,12 +11,16 @@ answers held, as a server's spans do, read from what the client read:
   traced: each call's client span says what that client received (model,
   tokens, finish, events), its time to the first chunk with output lies
   between the server's pause before it and the client's own clock, and each
-  call is counted once in gen_ai.client.* and once in gen_ai.server.*.
+  call is counted once in gen_ai.client.* and once in gen_ai.server.*;
+- the same clients calling Node's http (tests/integration/replay_node.js),
+  which sends a response's head with its first event in one write: both
+  ends' spans say what the client received.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +33,7 @@ from .test_genai_replay import Replay, expected
 from .test_tls import certificate  # noqa: F401 (a fixture)
 
 HERE = Path(__file__).resolve().parent
-CLIENT = 3  # OTLP/JSON's SPAN_KIND_CLIENT
+SERVER, CLIENT = 2, 3  # OTLP/JSON's SPAN_KIND_SERVER, SPAN_KIND_CLIENT
 GAP_MS = 40  # between a stream's events, as the replay server writes them
 
 
@@ -165,3 +169,55 @@ def test_the_official_clients_calls_say_what_each_client_received(tmp_path, cert
         by_server = [agent.metric("gen_ai_client_operation_duration_seconds_count", page, server_port=p)
                      for p in (h1.port, tls.port)]
         assert by_server == [3 + 2, 3]  # openai's and anthropic's calls; openai's over TLS
+
+
+class NodeReplay(Owned):
+    """tests/integration/replay_node.js: the recorded answers, Node's http writing them."""
+
+    def __init__(self, gap_ms: float):
+        node = shutil.which("node") or shutil.which("nodejs")
+        if node is None:
+            pytest.skip("no Node.js: .ci/run installs the nodejs package")
+        self.proc = subprocess.Popen([node, str(HERE / "replay_node.js"), str(gap_ms)],
+                                     stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline().split()[1])
+        assert self.proc.stdout.readline().strip() == "ready"
+
+
+def test_a_head_sent_with_the_first_event_leaves_the_event_readable(tmp_path):
+    """Node's http sends a response's head with its first write, so a
+    stream's head and first event (Anthropic's message_start, the one event
+    that tells the input tokens; OpenAI's first chunk) go out in one write
+    longer than a write's peek, and the client reads them in one read. The
+    openai and anthropic clients call Node, all traced: each call's client
+    span, and Node's span for it, say what the client received. (The peek
+    showed the head alone: both spans had no input tokens for Anthropic.)"""
+    pytest.importorskip("openai")
+    pytest.importorskip("anthropic")
+    (tmp_path / "agent").mkdir()
+    with contextlib.ExitStack() as owned:
+        node = owned.enter_context(NodeReplay(GAP_MS))
+        base = f"http://127.0.0.1:{node.port}"
+        callers = {"openai": owned.enter_context(Caller(base, "openai")),
+                   "anthropic": owned.enter_context(Caller(base, "anthropic"))}
+        agent = owned.enter_context(running_agent(
+            tmp_path / "agent", {"pids": [node.proc.pid, *(c.proc.pid for c in callers.values())],
+                                 "cmdline": []}, {}, {}))
+        wait_until(lambda: all(agent.tracks(p.proc.pid) for p in (node, *callers.values())), 15,
+                   "the agent to track Node and the callers")
+        wrong, served = [], 0
+        for label, caller in callers.items():
+            received = caller.call()
+            calls = client_spans(agent, caller.proc.pid, len(received))
+            served += len(received)
+            answers = wait_until(lambda: len(s := [x for x in agent.traces.for_pid(node.proc.pid)
+                                                   if x["kind"] == SERVER]) >= served and s,
+                                 30, f"Node's {served} server spans")
+            answers = sorted(answers, key=lambda s: int(s["startTimeUnixNano"]))[served - len(received):]
+            for r, call, answer in zip(received, calls, answers):
+                told = {attr: r[k] for k, attr in TALLIED.items() if k in r}
+                for side, span in (("client", call), ("Node", answer)):
+                    got = {attr: span["attrs"].get(attr) for attr in told}
+                    if got != told:
+                        wrong.append(f"{label} {r['call']} {side}: {got} != {told}")
+        assert not wrong, "\n".join(wrong)

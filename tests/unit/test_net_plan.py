@@ -80,7 +80,7 @@ def test_connections_followed_by_their_state_end_in_a_tail_call():
     by_state = cflags(socket_io=hooks.SOCKET_TIER, sock_offsets=(16, 534, 784), bins=["-DBINS=1"], **base)
     assert conn_by_state(by_state)
     assert tail_calls(by_state) == {0: b"scan_head", 1: b"send_beat", 2: b"send_chunk", 3: b"keep_payload",
-                                    4: b"split_body", 5: b"find_shape", 6: b"end_conn"}
+                                    4: b"split_body", 5: b"find_shape", 6: b"end_conn", 8: b"send_more"}
     for flags in (cflags(socket_io=hooks.SOCKET_TIER, **base),
                   cflags(socket_io=hooks.SYSCALL_TIER, tcp_sendmsg=hooks.NET_POINTS["tcp_sendmsg"][2],
                          sock_offsets=(16, 534, 784), **base)):

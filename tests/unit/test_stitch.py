@@ -380,3 +380,23 @@ def test_writes_past_what_the_stitcher_holds_are_counted_not_kept():
     assert s.writes_dropped == 3
     (r,) = s.on_exchange(exchange(tgid=1, fd=2, start_ns=3, payload=Payload(writes_total=5)))
     assert len(r.payload.writes) == 2
+
+
+def test_a_first_writes_more_peeks_go_on_its_peek_where_they_follow_on():
+    """A response's first write longer than its peek (its head and first
+    event together) comes with more of its peek after it, each from where the
+    last ended (bpf/net.c send_more): one write, its peek their sum. A piece
+    that does not follow on (one before it was lost) is not put on, nor is
+    one with no write before it; none counts as a write."""
+    s = Stitcher(RouteMapper([], True, 500))
+    whole = bytes(range(256)) * 4
+    key = (1, 2, 3, 0)
+    s.on_beat(Beat(key, Write(1_000, 5_000, whole[:256], 4, 0, 4096)))
+    s.on_beat(Beat(key, Write(1_000, 5_000, whole[256:512]), 256))
+    s.on_beat(Beat(key, Write(1_000, 5_000, whole[768:1024]), 768))  # 512's was lost
+    s.on_beat(Beat((9, 9, 9, 0), Write(1_000, 5_000, b"alone"), 256))
+    s.on_beat(Beat(key, Write(2_000, 10, b"0123456789")))
+    (r,) = s.on_exchange(exchange(tgid=1, fd=2, start_ns=3, payload=Payload(writes_total=2)))
+    assert r.payload.writes == (Write(1_000, 5_000, whole[:512], 4, 0, 4096), Write(2_000, 10, b"0123456789"))
+    (r,) = s.on_exchange(exchange(tgid=9, fd=9, start_ns=9, payload=Payload(writes_total=0)))
+    assert r.payload.writes == ()
