@@ -154,6 +154,7 @@ class GenAI(NamedTuple):
     events: int = 0  # stream events (SSE data events, NDJSON lines), [DONE] not counted
     content_events: int = 0  # of those, the ones that carried output
     max_gap_ns: int | None = None  # longest gap between events after the first token
+    chunk_gaps_ns: tuple[int, ...] = ()  # from each event with output to the next (the timed ones)
     events_approximate: bool = False  # some writes were not seen whole: counts are a floor
     error_type: str | None = None  # from an OpenAI-style error body
     answer_empty: bool | None = None  # no output at all (None: could not tell)

@@ -10,9 +10,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from ..request import Request
 from ..stitch.segments import SEGMENTS
 from .buckets import BATCH_BUCKETS, GENAI_DURATION_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
-from .semconv import (ERROR_TYPE, GENAI_CLIENT_DURATION, GENAI_CLIENT_TOKENS, GENAI_CLIENT_TTFC, GENAI_DURATION,
-                      GENAI_TOKENS, GENAI_TPOT, GENAI_TTFT, MODEL, OPERATION, PROVIDER, SERVER_ADDRESS, SERVER_PORT,
-                      TOKEN_TYPE, error_type)
+from .semconv import (ERROR_TYPE, GENAI_CLIENT_DURATION, GENAI_CLIENT_TOKENS, GENAI_CLIENT_TPOC, GENAI_CLIENT_TTFC,
+                      GENAI_DURATION, GENAI_TOKENS, GENAI_TPOT, GENAI_TTFT, MODEL, OPERATION, PROVIDER, SERVER_ADDRESS,
+                      SERVER_PORT, TOKEN_TYPE, error_type)
 from .series import Histograms
 
 SLOW_REFRESH = 64  # observations between re-reading a model's p99 duration
@@ -113,7 +113,10 @@ class GenAIClientMetrics:
     each call's duration, first byte out to last byte in (by error type); its
     tokens, one observation per call and type; and a streamed answer's time to
     its first chunk that carries output (the point a server's time to first
-    token marks, read where the client read it)."""
+    token marks, read where the client read it) and, for each chunk with output
+    after it, the time since the one before (as the conventions' time per
+    output chunk: chunks read together, 0; those past capture.max_writes are
+    not timed, and not observed)."""
 
     def __init__(self, who: tuple[str, ...] = ("process",)):
         genai = (*who, OPERATION, PROVIDER, MODEL, SERVER_ADDRESS, SERVER_PORT)
@@ -124,6 +127,9 @@ class GenAIClientMetrics:
         self.ttfc = Histograms(GENAI_CLIENT_TTFC,
                                "Streamed GenAI calls: first request byte sent to the first chunk with output read",
                                genai, TTFT_BUCKETS)
+        self.tpoc = Histograms(GENAI_CLIENT_TPOC,
+                               "Streamed GenAI calls: for each chunk with output read after the first, the time "
+                               "since the one before", genai, TPOT_BUCKETS)
         self.tokens = Histograms(GENAI_CLIENT_TOKENS,
                                  f"Tokens a GenAI call used ({TOKEN_TYPE}: input, output), from the usage "
                                  "the answer reported, or its stream events counted", (*genai, TOKEN_TYPE),
@@ -136,9 +142,11 @@ class GenAIClientMetrics:
         self.duration.observe((*labels, error_type(r) or ""), r.duration_ns / 1e9)
         if g.streaming and (ttfc := r.ttft_ns) is not None:
             self.ttfc.observe(labels, ttfc / 1e9)
+            for gap in g.chunk_gaps_ns:
+                self.tpoc.observe(labels, gap / 1e9)
         for kind, n in (("input", g.input_tokens), ("output", g.output_tokens)):
             if n is not None:
                 self.tokens.observe((*labels, kind), n)
 
     def families(self):
-        return [self.duration.family(), self.ttfc.family(), self.tokens.family()]
+        return [self.duration.family(), self.ttfc.family(), self.tpoc.family(), self.tokens.family()]

@@ -43,6 +43,7 @@ GENAI_DURATION = "gen_ai_server_request_duration_seconds"
 GENAI_TOKENS = "gen_ai_server_tokens"  # a counter: the conventions have none for a server's tokens
 GENAI_CLIENT_DURATION = "gen_ai_client_operation_duration_seconds"
 GENAI_CLIENT_TTFC = "gen_ai_client_operation_time_to_first_chunk_seconds"
+GENAI_CLIENT_TPOC = "gen_ai_client_operation_time_per_output_chunk_seconds"
 GENAI_CLIENT_TOKENS = "gen_ai_client_token_usage"
 # The conventions' metrics as OTLP names them, and their units (otlp_metrics):
 # Prometheus spells each the way the Collector's remote write translates it back.
@@ -58,6 +59,7 @@ OTLP_NAMES = {
     GENAI_TOKENS: ("gen_ai.server.tokens", "{token}"),
     GENAI_CLIENT_DURATION: ("gen_ai.client.operation.duration", "s"),
     GENAI_CLIENT_TTFC: ("gen_ai.client.operation.time_to_first_chunk", "s"),
+    GENAI_CLIENT_TPOC: ("gen_ai.client.operation.time_per_output_chunk", "s"),
     GENAI_CLIENT_TOKENS: ("gen_ai.client.token.usage", "{token}"),
 }
 # The metrics' labels that are the conventions' attributes, as Prometheus spells

@@ -635,11 +635,12 @@ def _stream(shape: Shape, g: GenAI, events: list[tuple[int, bytes]], status):
         inputs = lk.input_tokens if lk.input_tokens is not None else inputs
         outputs = lk.output_tokens if lk.output_tokens is not None else outputs
     after = times[content_at[0]:] if content_at else []
+    output = [times[k] for k in content_at]
     return g._replace(
         streaming=True, events=len(times), content_events=len(content_at),
         first_token_ns=times[content_at[0]] if content_at else None,
         last_token_ns=times[content_at[-1]] if content_at else None,
-        max_gap_ns=max(map(sub, after[1:], after), default=None),
+        max_gap_ns=max(map(sub, after[1:], after), default=None), chunk_gaps_ns=tuple(map(sub, output[1:], output)),
         response_model=label(model, MAX_NAME), finish_reasons=shapes.labels(finish),
         input_tokens=inputs, output_tokens=outputs, error_type=error,
         usage_source=None if inputs is None and outputs is None else "stream_usage"), done

@@ -131,7 +131,7 @@ def test_the_official_clients_calls_say_what_each_client_received(tmp_path, cert
                    "anthropic": owned.enter_context(Caller(f"http://127.0.0.1:{h1.port}", "anthropic"))}
         agent = owned.enter_context(running_agent(
             tmp_path / "agent", {"pids": [p.proc.pid for p in (h1, tls, *callers.values())], "cmdline": []}, {}, {}))
-        calls = streams = output = 0
+        calls = streams = output = chunks = 0
         for label, caller in callers.items():
             wait_until(lambda: agent.tracks(caller.proc.pid), 15, f"the agent to track {label}")
             if label.endswith("TLS h2"):
@@ -156,11 +156,13 @@ def test_the_official_clients_calls_say_what_each_client_received(tmp_path, cert
                 assert a["url.full"].startswith("https://" if "TLS" in label else "http://"), (label, a)
             calls += len(received)
             streams += sum(1 for r in received if "ttfc_s" in r)
+            chunks += sum(r["content"] - 1 for r in received if "ttfc_s" in r)  # each after the first
             output += sum(r["output_tokens"] for r in received if "output_tokens" in r)
         # each call counted once on each side: the callers' as calls, the servers' as requests served
         want = {"gen_ai_client_operation_duration_seconds_count": calls,
                 "gen_ai_server_request_duration_seconds_count": calls,
-                "gen_ai_client_operation_time_to_first_chunk_seconds_count": streams}
+                "gen_ai_client_operation_time_to_first_chunk_seconds_count": streams,
+                "gen_ai_client_operation_time_per_output_chunk_seconds_count": chunks}
         wait_until(lambda: all(agent.metric(k) == n for k, n in want.items()), 15,
                    f"{want} (have {[agent.metric(k) for k in want]})")
         page = agent.scrape()

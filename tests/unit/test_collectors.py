@@ -257,7 +257,7 @@ def agent_registry() -> CollectorRegistry:
                          h2=H2(stream_id=1, grpc=True, grpc_status=0))
     chat = call._replace(genai=GenAI(source="wire", operation="chat", provider="openai", request_model="m",
                                      input_tokens=3, output_tokens=5, streaming=True,
-                                     first_token_ns=call.start_ns + S // 10))
+                                     first_token_ns=call.start_ns + S // 10, chunk_gaps_ns=(S // 100,)))
     for r in (call, chat, call._replace(protocol="resp", method="GET"), grpc, grpc._replace(direction="server")):
         agent.metrics.observe(r)  # the calls it made (HTTP, GenAI, Redis, gRPC) and a gRPC call it served
     for ch in h2_chunks(now):  # an HTTP/2 connection it served, framed by stitch.streams

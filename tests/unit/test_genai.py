@@ -124,10 +124,11 @@ def completion(provider: str, **kw) -> dict:
 
 def stream(events: int, content: int, first: int, last: int, **kw) -> dict:
     """A stream of ``events``, ``content`` of them with output, the first in
-    write ``first``, the last in ``last``, each 1 ms after the one before."""
+    write ``first``, the last in ``last``, each 1 ms after the one before
+    (those with output one after the other, unless ``chunk_gaps_ns`` says)."""
     return {"streaming": True, "events": events, "content_events": content,
             "first_token_ns": at(first), "last_token_ns": at(last), "max_gap_ns": MS,
-            "answer_empty": False, "stream_ended": True, **kw}
+            "answer_empty": False, "stream_ended": True, "chunk_gaps_ns": (MS,) * (content - 1), **kw}
 
 
 # -- every fixture, as its server writes it: the whole GenAI record --------------------
@@ -253,6 +254,9 @@ def test_however_the_writes_fall_the_events_are_the_same(name, cut, expect):
         events, content, at(first), at(last), gap * MS)
     assert g.finish_reasons == AS_WRITTEN[name]["finish_reasons"]
     assert g.output_tokens == AS_WRITTEN[name]["output_tokens"] and not g.events_approximate
+    # from each event with output to the next: those that shared a write, 0
+    assert len(g.chunk_gaps_ns) == content - 1 and sum(g.chunk_gaps_ns) == g.last_token_ns - g.first_token_ns
+    assert (0 in g.chunk_gaps_ns) == (cut in (coalesced, one_write))
 
 
 # -- what the kernel did not keep: counts are a floor, the tail fills usage ------------

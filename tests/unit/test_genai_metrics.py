@@ -141,3 +141,23 @@ def test_a_call_to_a_model_is_named_as_an_inference_its_server_span_for_its_rout
     assert span_name(call("m", 100)._replace(genai=call("m", 100).genai._replace(request_model=None))) == "chat"
     assert span_name(call("m", 100)._replace(genai=None)) == "POST"
     assert span_name(chat("m", 100)) == "POST /v1/chat/completions"
+
+
+def test_a_streamed_calls_chunks_each_observe_the_time_since_the_one_before():
+    """gen_ai.client.operation.time_per_output_chunk: one observation for each
+    chunk with output after the first (two read together: 0); none for a call
+    that did not stream, nor for a server's answer."""
+    m = RequestMetrics()
+    m.observe(call("m", 100)._replace(genai=call("m", 100).genai._replace(chunk_gaps_ns=(10 * MS, 0, 30 * MS))))
+    m.observe(call("m", 30, first_ms=None)._replace(genai=call("m", 30).genai._replace(
+        streaming=False, chunk_gaps_ns=(5 * MS,))))
+    m.observe(chat("m", 120)._replace(genai=chat("m", 120).genai._replace(streaming=True, first_token_ns=MS,
+                                                                           chunk_gaps_ns=(7 * MS,))))
+    called = (("gen_ai_operation_name", "chat"), ("gen_ai_provider_name", "openai"), ("gen_ai_request_model", "m"),
+              ("process", "gateway"), ("server_address", "10.0.0.7"), ("server_port", "8000"))
+    name = "gen_ai_client_operation_time_per_output_chunk_seconds"
+    assert samples(m, f"{name}_count") == {tuple(sorted(called)): 3.0}
+    assert samples(m, f"{name}_sum") == {tuple(sorted(called)): pytest.approx(0.040)}
+    buckets = samples(m, f"{name}_bucket")
+    assert buckets[tuple(sorted((*called, ("le", "5e-05"))))] == 1.0  # the 0
+    assert buckets[tuple(sorted((*called, ("le", "0.01"))))] == 2.0  # and the 10 ms
