@@ -1687,7 +1687,7 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
 {
     __u64 len = 0, buf = first_buffer(a, &len);
     __u16 status = status_sent(a, ret);
-    int final = is_final(status);
+    int final = is_final(status), begun = 0;
     if (c->state == ST_RESPONDING && final && c->status) {
         /* the next response begins: the requests were pipelined, and each
          * is reported on its own, with the start of their common read */
@@ -1724,22 +1724,30 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
         c->first_out_ns = t;
         c->bytes_out = 0;
         c->state = ST_RESPONDING;
-        if (BINS && !client && final)
-            choose_bin(c);
-        /* Its caller, if traced: looked for now, not when the request came. On
-         * loopback the request can be read before the caller's send has even
-         * returned, let alone indexed its connection (learn_sock). */
-        if (OUTGOING && !client)
-            c->link_key = caller_of(c);
+        begun = 1;
     }
+    /* The status and the size move together, before any helper call: another
+     * thread may read the next request meanwhile and report this exchange
+     * (Go's server: a background read takes the next request's first byte),
+     * and this program may be preempted at a helper's end (the peer it just
+     * woke): a report between the two gave a 404 of 0 bytes. */
     if (final) {
         c->status = status;
         c->flags &= ~CF_INTERIM;
-        if (!client)
-            count_status(tgid, status);
     } else if (status && !c->status) {
         c->flags |= CF_INTERIM;
     }
+    c->bytes_out += ret;
+    c->last_out_ns = t;
+    if (begun && BINS && !client && final)
+        choose_bin(c);
+    /* Its caller, if traced: looked for now, not when the request came. On
+     * loopback the request can be read before the caller's send has even
+     * returned, let alone indexed its connection (learn_sock). */
+    if (begun && OUTGOING && !client)
+        c->link_key = caller_of(c);
+    if (final && !client)
+        count_status(tgid, status);
     /* chunked terminator "0\r\n\r\n" at the end of a flat write */
     __u8 tail[5] = {};
     if ((a->kind & 0xff) == K_FLAT && ret >= 5 &&
@@ -1750,8 +1758,6 @@ static __always_inline void on_send(struct conn *c, struct args *a, __u32 tgid, 
         c->flags &= ~CF_CHUNK_END;
     if (GENAI && c->flags & CF_BODY)
         want_payload(conn_key(tgid, c->fd), P_BEAT | P_RESP_TAIL, a, ret);
-    c->bytes_out += ret;
-    c->last_out_ns = t;
     if (!client)
         c->send_ns += now - a->enter_ns;
     if (c->runq_tid == (__u32)bpf_get_current_pid_tgid()) {
