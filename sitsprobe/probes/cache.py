@@ -30,6 +30,7 @@ from ..request import Endpoint
 from . import apart, side_by_side
 from .compiler import compile_module
 from .hooks import TRACEPOINT, UPROBE, Hook
+from .maps import discard
 from .net import bpf_dir, source_flags
 from .ring import DrainBudget, RingReader, wake_bytes
 
@@ -285,9 +286,9 @@ class CacheProbe(RingReader):
     def forget(self, tgids: set[int]) -> None:
         self._known -= tgids
         for t in tgids:
-            self._procs.pop(ct.c_uint(t), None)
+            discard(self._procs, ct.c_uint(t))
         for key in [k for k in self._peers.keys() if (k.value >> 32) in tgids]:
-            self._peers.pop(key, None)
+            discard(self._peers, key)
 
     # -- events and counts --------------------------------------------------------
 

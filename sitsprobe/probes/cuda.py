@@ -16,6 +16,7 @@ from ..gpu.cuda import DIRECTIONS, FUNCTIONS, CudaCount
 from . import apart, side_by_side
 from .compiler import compile_module
 from .libs import MappedLibrary, mapped_libraries
+from .maps import discard
 from .net import bpf_dir, source_flags
 
 log = logging.getLogger("sitsprobe.cuda")
@@ -185,12 +186,12 @@ class CudaProbe:
         """Stop following pid and drop its counts (it exited); its final counts."""
         self._waits.pop(pid, None)
         final = [c for c in self.counts() if c.pid == pid]
-        self._pids.pop(ct.c_uint(pid), None)
+        discard(self._pids, ct.c_uint(pid))
         for key in [k for k in self._stats.keys() if k.tgid == pid]:
-            self._stats.pop(key, None)
+            discard(self._stats, key)
         allocs = self._bpf[b"cuda_allocs"]
         for key in [k for k in allocs.keys() if k.tgid == pid]:
-            allocs.pop(key, None)
+            discard(allocs, key)  # the kernel takes an allocation out when it is freed
         return final
 
     def counts(self) -> list[CudaCount]:

@@ -28,7 +28,7 @@ from .kept import KeptPrograms, key as kept_key
 from .bins import BPF_NOEXIST, KernelBins
 from .hooks import FENTRY, KPROBE, RAW_TRACEPOINT, TRACEPOINT, Hook
 from .layout import Layout
-from .maps import MapCopy
+from .maps import MapCopy, discard
 from .pins import pinned
 from .ring import DrainBudget, RingReader, wake_bytes
 from .tls import SYMBOLS as TLS_SYMBOLS, TlsHooks
@@ -520,7 +520,7 @@ class NetProbe(RingReader):
             self._bpf["ports"][ct.c_ushort(port)] = ct.c_ubyte(1)
 
     def untrack(self, tgid: int) -> None:
-        self._tracked.pop(ct.c_uint(tgid), None)
+        discard(self._tracked, ct.c_uint(tgid))
         self._user_bit(tgid, False)
         self._forget_waits(tgid)
 
@@ -539,7 +539,7 @@ class NetProbe(RingReader):
             return
         for tid in tids:
             if tid.isdigit():
-                self._runnable.pop(ct.c_uint(int(tid)), None)
+                discard(self._runnable, ct.c_uint(int(tid)))
 
     def _user_bit(self, tgid: int, on: bool) -> None:
         """tgid's bit in user_bits (bpf/net.c): only this thread writes it."""
@@ -582,7 +582,7 @@ class NetProbe(RingReader):
         waiting = set(still())
         for r in reads:
             if r not in waiting:
-                inflight.pop(inflight.Key((tgid << 32) | r.tid), None)
+                discard(inflight, inflight.Key((tgid << 32) | r.tid))
         return len(waiting & set(reads))
 
     def consume(self) -> None:
@@ -675,8 +675,8 @@ class NetProbe(RingReader):
             if v[at_tgid] == tgid:
                 if v[at_state] != ST_IDLE:
                     pending.append(self._with_payload(key, self._decode.values(v, END_FLUSH)))
-                self._conns.pop(self._conns.Key(key), None)
-                self._bodies.pop(self._bodies.Key(key), None)
+                discard(self._conns, self._conns.Key(key))  # the kernel may close it meanwhile
+                discard(self._bodies, self._bodies.Key(key))
         return pending
 
     def counters(self) -> dict[str, int]:
@@ -697,11 +697,11 @@ class NetProbe(RingReader):
             per_cpu = table.get(k)
             if per_cpu is not None:
                 statuses[k.status] = sum(per_cpu)
-            table.pop(k, None)
+            discard(table, k)
         untracked = self._bpf["untracked"]
         key = untracked.Key(tgid)
         per_cpu = untracked.get(key)
-        untracked.pop(key, None)
+        discard(untracked, key)
         return statuses, sum(per_cpu) if per_cpu is not None else 0
 
     def untracked_counts(self) -> dict[int, int]:
