@@ -49,8 +49,9 @@ static __always_inline void scan_start(struct scan *s)
 /* Byte c (of type __u64), counted where `in` is 1 (0: past what was read,
  * nothing moves), into a struct scan's fields held in locals: w, o, then the
  * counts. A macro, not a function of a struct scan *: with the counts in
- * registers, not on the stack, net.c's send_beat verifies in 0.68M
- * instructions; through the struct it ran past the verifier's 1M. */
+ * registers, not on the stack, net.c's send_beat verified in 0.68M
+ * instructions; through the struct it ran past the verifier's 1M (both
+ * before gather's FORGET, net.c). */
 #define SCAN_BYTE(c, in, w, o, data, json, delta, output, special)                                  \
     do {                                                                                            \
         __u64 all_ = -(in), c_ = (c) & all_;                                                        \
