@@ -467,13 +467,20 @@ struct shape_state {
 };
 NET_MAP("percpu_array", int, struct shape_state, shape_states, 1);
 
+/* Bytes of a request head that one program walks a byte at a time (shape_of,
+ * request_end). Each pass is a few branches, and one path through a program
+ * may take 8192 at most: a walk of 1,792 bytes or more is refused (E2BIG,
+ * "the sequence of 8193 jumps is too complex"), so a capture.request_bytes
+ * past this keeps its bytes for the agent, and these walks stop here. */
+#define HEAD_WALK (REQ_CAP < 1024 ? REQ_CAP : 1024)
+
 /* FNV-1a over the method and path of the request head ("GET /a/b?q HTTP/1.1":
- * "GET /a/b"), 0 when the bytes kept do not reach the path's end. */
+ * "GET /a/b"), 0 when the bytes kept (or walked) do not reach the path's end. */
 static __always_inline __u64 shape_of(const struct conn *c)
 {
     __u64 h = 0xcbf29ce484222325ULL;
     int spaces = 0;
-    for (int i = 0; i < REQ_CAP; i++) {
+    for (int i = 0; i < HEAD_WALK; i++) {
         if (i >= c->req_len)
             return 0;
         __u8 b = c->req[i];
@@ -1493,13 +1500,13 @@ static __always_inline int is_content_length(const __u8 *l)
 
 /* The request's length, head and body, where the bytes captured of it show
  * its head's end and a Content-Length in it (0: not known; a chunked body,
- * or a head longer than req). What the loop finds goes to `st`, not to
- * variables: values that differ from one pass to the next would have the
- * verifier walk what follows once for each. */
+ * or a head longer than req or HEAD_WALK). What the loop finds goes to
+ * `st`, not to variables: values that differ from one pass to the next
+ * would have the verifier walk what follows once for each. */
 static __always_inline __u64 request_end(const struct conn *c, struct split_state *st)
 {
     st->head = st->value_at = 0;
-    for (int i = 0; i < REQ_CAP - 2; i++) {
+    for (int i = 0; i < HEAD_WALK - 2; i++) {
         if (i + 2 >= *(volatile __u16 *)&c->req_len) /* volatile: a register kept from it would */
             break;                                      /* carry each pass's bounds past the loop */
         if (c->req[i] != '\n')

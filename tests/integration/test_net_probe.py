@@ -4,6 +4,7 @@ the TLS programs, tracking and run-queue waits. What it reports of a
 server's exchanges: test_net_probe_exchanges.py."""
 from __future__ import annotations
 
+import ctypes as ct
 import errno
 import json
 import marshal
@@ -17,6 +18,7 @@ from collections import Counter
 
 import pytest
 
+from sitsprobe import config
 from sitsprobe.probes import capability, net_plan, probe_aside
 from sitsprobe.probes.kept import KeptPrograms
 from sitsprobe.probes.net import NetProbe, cflags, pid_bitmap_words
@@ -174,6 +176,62 @@ def test_the_two_halves_programs_are_the_whole_s_instruction_for_instruction(whi
     assert [fn for fn, code in (first | second).items() if code != whole[fn]] == [], "not the whole's"
     assert b"sock_io" in first if hook == "socket" else b"sys_exit_io" in first
     assert b"scan_head" in second and (b"end_conn_tp" in second) == by_state
+
+
+# The settings that size what net.c compiles: its maps' values, and the
+# loops and copies the verifier walks (capture.max_payloads, the number of
+# bodies' entries, and capture.max_writes, a count, size neither)
+SIZED = ("capture.request_bytes", "capture.response_bytes", "capture.body_bytes", "capture.tail_bytes",
+         "capture.write_peek_bytes", "capture.stream_bytes")
+VERIFIER_LIMIT = 1_000_000  # instructions the kernel's verifier follows in one program, at most
+BPF_LOG_STATS = 4
+
+
+def _bounds(key: str) -> tuple[int, int]:
+    """The least and the most the config allows for key (its rule's own words)."""
+    lo, hi = re.search(r"(\d+)\.\.(\d+)", config._RULES[key].desc).groups()
+    return int(lo), int(hi)
+
+
+def _verified(bpf, name: bytes, prog_type: int) -> int:
+    """Instructions the verifier followed to load bpf's program `name`."""
+    from bcc.libbcc import lib
+
+    log = ct.create_string_buffer(1 << 16)
+    fd = lib.bcc_func_load(bpf.module, prog_type, name, lib.bpf_function_start(bpf.module, name),
+                           lib.bpf_function_size(bpf.module, name), lib.bpf_module_license(bpf.module),
+                           lib.bpf_module_kern_version(bpf.module), BPF_LOG_STATS, log, len(log), None, -1)
+    text = log.value.decode(errors="replace")
+    assert fd >= 0, f"{name.decode()} refused: {os.strerror(ct.get_errno())}\n{text[-1500:]}"
+    os.close(fd)
+    return int(re.search(r"processed (\d+) insns", text)[1])
+
+
+@pytest.mark.parametrize(("hook", "end"), [("socket", 1), ("syscall", 1), ("socket", 0)],
+                         ids=["socket-widest", "syscall-widest", "socket-narrowest"])
+def test_every_size_the_config_allows_compiles_and_verifies_well_within_the_verifiers_limit(hook, end):
+    """With every size setting at the most (or the least) the config allows,
+    net.c compiles and each of its loops' programs verifies in under half
+    the instructions the verifier follows, so that a kernel whose verifier
+    walks more still loads them. Found wanting: request_bytes past 1,791 was
+    refused ("the sequence of 8193 jumps is too complex"), stream_bytes
+    16384 made a map value larger than a per-CPU one may be, and send_beat
+    took 830k at the defaults."""
+    from bcc import BPF
+
+    from sitsprobe.probes.net import SHARED_EXITS, bpf_dir, tail_calls
+
+    require_root()
+    conf = config.load(overrides={**{k: _bounds(k)[end] for k in SIZED}, "socket_hooks": hook})
+    flags = net_plan.plan_net(conf).flags
+    bpf = BPF(src_file=str(bpf_dir() / "net.c").encode(), cflags=flags)
+    try:
+        kind = BPF.RAW_TRACEPOINT if hook == "socket" else BPF.TRACEPOINT
+        names = [*tail_calls(flags).values(), *([b"sock_io"] if hook == "socket" else SHARED_EXITS)]
+        walked = {name.decode(): _verified(bpf, name, kind) for name in names}
+    finally:
+        bpf.cleanup()
+    assert {n: w for n, w in walked.items() if w >= VERIFIER_LIMIT // 2} == {}, walked
 
 
 def test_on_one_cpu_net_c_is_compiled_whole_here():
