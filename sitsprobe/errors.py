@@ -38,5 +38,19 @@ class ProbeLoadError(SitsprobeError):
         super().__init__(f"Failed to load BPF program {program}: {reason}")
 
 
+class MapCreateError(SitsprobeError):
+    """The kernel did not make one of a module's maps, where bcc says only
+    that the module did not compile: which map, the kernel's reason, and the
+    settings its size comes from."""
+
+    def __init__(self, module: str, table: str, reason: str, sized_by: tuple[str, ...] = ()):
+        self.module, self.table, self.reason, self.sized_by = module, table, reason, sized_by
+        msg = f"{module}: the kernel did not make its map {table}: {reason}"
+        if sized_by:
+            msg += (f"; its size comes from {', '.join(sized_by)}: lower them, or raise the agent's memory "
+                    f"limit (BPF maps are kernel memory charged to its cgroup)")
+        super().__init__(msg)
+
+
 class HeadersNotFound(SitsprobeError):
     pass

@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from ..errors import ProbeLoadError
+from ..errors import MapCreateError, ProbeLoadError
 from .retry import soon
 
 log = logging.getLogger(__name__)
@@ -55,14 +55,53 @@ def tables(bpf) -> Tables:
             for i in range(bcc.bpf_num_tables(bpf.module))}
 
 
+_COMPILE_FAILED = "Failed to compile BPF module"  # bcc's words, for a map the kernel did not make too
+_MAP_FAILED = re.compile(rb"could not open bpf map: (\S+), error: ([^\n]*)")  # and what its C code prints then
+
+
 def compile_module(src_file: str, cflags: list[str]):
     """``bcc.BPF`` of one source file: compiled, its maps made (and the
-    programs named for their hook loaded and put on, as bcc does)."""
+    programs named for their hook loaded and put on, as bcc does). A map the
+    kernel did not make (its memory limit reached) is a MapCreateError."""
     from bcc import BPF  # the probes layer is the only one that imports bcc
 
     with LOCK:
-        return kernel_load(lambda: short_kallsyms(lambda: BPF(src_file=src_file.encode(), cflags=cflags)),
-                           Path(src_file).name)
+        said = StderrRead()
+        try:
+            with said:
+                return kernel_load(lambda: short_kallsyms(lambda: BPF(src_file=src_file.encode(), cflags=cflags)),
+                                   Path(src_file).name)
+        except Exception as e:  # noqa: BLE001 (bcc raises Exception)
+            failed = _MAP_FAILED.search(said.text) if str(e).startswith(_COMPILE_FAILED) else None
+            if failed is None:
+                raise
+            raise MapCreateError(Path(src_file).name, failed[1].decode(errors="replace"),
+                                 failed[2].decode(errors="replace").strip()) from e
+
+
+class StderrRead:
+    """What this process prints on its stderr (fd 2) within the with block,
+    kept in ``text`` and printed there again when the block ends: bcc's C
+    code says which map the kernel did not make there, and nowhere else.
+    Every child the agent starts has a stderr of its own (a pipe, or none),
+    so none inherits the file that stands in for it meanwhile."""
+
+    text = b""
+
+    def __enter__(self) -> StderrRead:
+        self._saved, self._file = os.dup(2), tempfile.TemporaryFile()
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        with self._file as f:
+            f.seek(0)
+            self.text = f.read()
+        view = memoryview(self.text)
+        while view:
+            view = view[os.write(2, view):]
 
 
 def kernel_load(attempt: Callable[[], T], what: str) -> T:

@@ -19,6 +19,7 @@ from .. import cpus
 from ..abi import (C_NOTICES_LOST, CF_BODY, CF_CLIENT, CF_SEEDED, CF_TCP, CF_TUPLE, END_FLUSH, N_EXEC, N_LISTEN,
                    NET_COUNTERS as COUNTERS, NET_TIER_SOCK, NET_TIER_SYSCALL, ST_IDLE, ST_READING,
                    ST_RESPONDING, TCP_SENDMSG_FENTRY, TCP_SENDMSG_KPROBE, TCP_SENDMSG_TRACEPOINT)
+from ..errors import MapCreateError
 from ..procs import BlockedRead
 from ..events import Beat, Chunk, Exchange, ProcessNotice
 from ..request import Endpoint, Payload, Write
@@ -76,6 +77,14 @@ class NetModule:
     kept_at: Path | None = None
 
 
+# The settings the size of each of net.c's largest maps comes from: a map the
+# kernel did not make (the agent's memory limit reached) is said with them
+SIZED_BY = {"exchanges": ("ring_buffer_mib",), "streams": ("ring_buffer_mib",),
+            "conns": ("stitch.max_connections", "capture.request_bytes", "capture.response_bytes"),
+            "bodies": ("capture.max_payloads", "capture.body_bytes", "capture.tail_bytes"),
+            "chunk_bufs": ("capture.stream_bytes",)}
+
+
 def compile_net(flags: list[str], kept: KeptPrograms | None = None) -> NetModule:
     """bpf/net.c compiled with ``flags``: its programs taken from ``kept``
     where an earlier start loaded them with the same key (only the maps made
@@ -84,6 +93,13 @@ def compile_net(flags: list[str], kept: KeptPrograms | None = None) -> NetModule
     whole here (on one CPU the halves would take turns, each paying for its
     own parse of the source and bcc's kernel symbol table: a start 0.6-1.0 s
     slower here)."""
+    try:
+        return _compile_net(flags, kept)
+    except MapCreateError as e:
+        raise MapCreateError(e.module, e.table, e.reason, SIZED_BY.get(e.table, ())) from e
+
+
+def _compile_net(flags: list[str], kept: KeptPrograms | None) -> NetModule:
     src = str(bpf_dir() / "net.c")
     if kept is None:
         return _compiled(src, flags)

@@ -2,11 +2,14 @@
 everything, and leaves no BPF program behind; bad input is one clear line."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +72,48 @@ def test_bad_config_is_one_line_naming_file_and_key(tmp_path):
     assert p.returncode == 2
     assert out.strip() == (f"sitsprobe: {bad}: capture.request_bytes: "
                            "expected an integer 16..4096, got 99999")
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int):
+    """A memory cgroup of `limit` bytes (cgroup v1's memory controller, or v2's
+    where the root hands it down): the path of its procs file."""
+    v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
+    if (v1 / "memory.limit_in_bytes").exists():
+        d, limit_file = v1 / f"sitsprobe-test-{os.getpid()}", "memory.limit_in_bytes"
+    elif "memory" in (v2 / "cgroup.subtree_control").read_text().split():
+        d, limit_file = v2 / f"sitsprobe-test-{os.getpid()}", "memory.max"
+    else:
+        pytest.skip("no memory cgroup to put the agent in (cgroup v1's memory controller or v2's memory.max)")
+    d.mkdir()
+    try:
+        (d / limit_file).write_text(str(limit))
+        yield d / "cgroup.procs"
+    finally:
+        wait_until(lambda: not (d / "cgroup.procs").read_text().split(), 30, "the cgroup's processes to end")
+        d.rmdir()
+
+
+def test_a_map_the_kernel_cannot_make_within_the_memory_limit_is_one_line_naming_what_sizes_it(tmp_path):
+    """A config that asks for more kernel memory than the agent's cgroup may
+    take (capture.max_payloads 65,536 with 4 KiB bodies and tails: 1.3 GiB of
+    POST payload entries, under a 700 MiB limit) stops the agent with one
+    line naming the map and the settings its size comes from. bcc said only
+    "Failed to compile BPF module", under a traceback."""
+    require_root()
+    conf = tmp_path / "big.yaml"
+    conf.write_text(f"capture: {{max_payloads: 65536, body_bytes: 4096, tail_bytes: 4096}}\n"
+                    f"metrics: {{address: 127.0.0.1, port: {free_port()}}}\nkubernetes: {{metadata: 'off'}}\n")
+    with memory_cgroup(700 << 20) as procs:
+        r = subprocess.run(["bash", "-c", f'echo $$ > {procs} && exec "$@"', "-", sys.executable, "-m",
+                            "sitsprobe.cli", "run", "-c", str(conf), "--pid", "1", "--duration", "1"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    last = r.stderr.strip().splitlines()[-1]
+    assert (r.returncode, last) == (2, "sitsprobe: net.c: the kernel did not make its map bodies: Cannot allocate "
+                                       "memory; its size comes from capture.max_payloads, capture.body_bytes, "
+                                       "capture.tail_bytes: lower them, or raise the agent's memory limit (BPF "
+                                       "maps are kernel memory charged to its cgroup)"), r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
 
 
 def test_nothing_selected_is_a_clear_error():

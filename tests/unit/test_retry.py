@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 import pytest
 
 from sitsprobe.errors import ProbeLoadError
 from sitsprobe.probes import retry
-from sitsprobe.probes.compiler import kernel_load
+from sitsprobe.probes.compiler import StderrRead, kernel_load
 
 
 class Attempt:
@@ -60,3 +61,18 @@ def test_a_refusal_through_every_try_is_raised_as_the_kernel_said_it(waits):
         kernel_load(attempt, "sock_io")
     assert attempt.calls == len(retry.SOON_S) + 1 and waits == list(retry.SOON_S)
     assert e.value.reason == os.strerror(errno.EBUSY) and retry.refused_for_now(e.value)
+
+
+def test_what_is_printed_on_stderr_while_it_is_read_is_kept_and_printed_again(capfd):
+    """compiler.StderrRead: bcc's C code says which map the kernel did not
+    make on fd 2 only; what was printed there within the block (by any
+    thread) is kept for the agent to read and still reaches stderr, after it."""
+    said = StderrRead()
+    with said:
+        os.write(2, b"could not open bpf map: bodies, error: Cannot allocate memory\n")
+        meanwhile = threading.Thread(target=os.write, args=(2, b"a log line meanwhile\n"))
+        meanwhile.start()
+        meanwhile.join()
+    os.write(2, b"after\n")
+    assert said.text == b"could not open bpf map: bodies, error: Cannot allocate memory\na log line meanwhile\n"
+    assert capfd.readouterr().err == said.text.decode() + "after\n"
