@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import NamedTuple, TypeVar
 
 from ..config import Config
-from ..errors import SitsprobeError
+from ..errors import MapCreateError, SitsprobeError
 from ..export.buckets import DURATION_BUCKETS, SEGMENT_BUCKETS
 from . import btf, capability, hooks, probe_aside
 from .bins import bin_flags
@@ -42,8 +42,11 @@ def load_net(config: Config, load: Callable[[list[str]], T]) -> tuple[NetPlan, T
     groups = _groups(config)
     aside = probe_aside.ProbeAside(groups)
     guess = guessed(config)
+    refused: MapCreateError | None = None
     try:
         made = load(guess.flags)
+    except MapCreateError as e:  # the maps' sizes are the config's, whatever the hooks: no second try
+        made, refused = None, e
     except Exception as e:  # the plan says, or the second try raises, what is wrong
         log.debug("net.c on the flags guessed before the probe: %s", e)
         made = None
@@ -53,6 +56,8 @@ def load_net(config: Config, load: Callable[[list[str]], T]) -> tuple[NetPlan, T
         if made is not None:
             made.close()
         raise
+    if refused is not None:  # a second compile near the memory limit could only be killed there
+        raise refused
     if made is not None and net.flags == guess.flags:
         return net, made
     if made is not None:
