@@ -471,5 +471,7 @@ def serve(registry: CollectorRegistry, address: str, port: int, healthy: Callabl
 
     server = ThreadingHTTPServer((address, port), Handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    # its loop looks for a shutdown between waits: the agent's stop waits up to this long for it
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="metrics",
+                     daemon=True).start()
     return server

@@ -10,6 +10,8 @@ a struct by name and a member's offset.
 """
 from __future__ import annotations
 
+import functools
+import os
 import struct
 from collections.abc import Iterable
 
@@ -34,8 +36,19 @@ def member_offset(struct_name: str, member: str, path: str = "/sys/kernel/btf/vm
 
 
 def member_offsets(wanted: Iterable[Member], path: str = "/sys/kernel/btf/vmlinux") -> dict[Member, int | None]:
-    """member_offset of each of ``wanted``, from one read and one pass."""
-    wanted = list(wanted)
+    """member_offset of each of ``wanted``, from one read and one pass; a pass
+    is kept for the same file (path and stat) and ``wanted``: a start plans
+    net.c more than once, and each pass over vmlinux's BTF takes some 40 ms."""
+    wanted = tuple(wanted)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return dict.fromkeys(wanted)
+    return dict(_read_members(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), wanted))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_members(path: str, _identity: tuple, wanted: tuple[Member, ...]) -> dict[Member, int | None]:
     try:
         with open(path, "rb") as f:
             data = f.read()

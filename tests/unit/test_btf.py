@@ -1,6 +1,7 @@
 """A struct member's offset from a BTF blob, built here byte by byte."""
 from __future__ import annotations
 
+import os
 import random
 import struct
 
@@ -55,3 +56,24 @@ def test_bad_bytes_never_raise():
         assert got is None or isinstance(got, int)
     assert find_member(b"", "task_struct", "pid") is None
     assert member_offset("task_struct", "pid", "/nonexistent") is None
+
+
+def test_a_file_is_read_once_until_it_changes(tmp_path, monkeypatch):
+    from sitsprobe.probes import btf
+
+    passes = []
+    monkeypatch.setattr(btf, "find_members", lambda data, wanted: passes.append(1) or find_members(data, wanted))
+    path = tmp_path / "vmlinux"
+    path.write_bytes(blob())
+    want = [("task_struct", "pid")]
+    assert member_offsets(want, str(path)) == {("task_struct", "pid"): 1264}
+    member_offsets(want, str(path))[("task_struct", "pid")] = -1  # a caller's copy, not the kept one
+    assert member_offsets(want, str(path)) == {("task_struct", "pid"): 1264}
+    assert len(passes) == 1
+    assert member_offsets([("task_struct", "tgid")], str(path)) == {("task_struct", "tgid"): 1268}
+    assert len(passes) == 2  # other members: another pass
+    path.write_bytes(blob(bitfield=True))  # the same size: its time tells it apart
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert member_offsets(want, str(path)) == {("task_struct", "pid"): None}
+    assert len(passes) == 3
