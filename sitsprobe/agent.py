@@ -191,7 +191,8 @@ class Agent:
         t = self.config.traces
         self.exporter = TraceExporter(clock=self.clock, endpoint=t.otlp_endpoint,
                                       protocol=t.otlp_protocol, traces_file=t.file,
-                                      on_cost=self.sampler.charge, workload_of=self.workload_of)
+                                      on_cost=self.sampler.charge, workload_of=self.workload_of,
+                                      send_delay_s=t.export_delay_ms / 1000)
         registry = CollectorRegistry()
         self._start_cache(registry)
         if self.config.gpu.enabled:

@@ -73,6 +73,7 @@ class Traces:
     max_per_second: int
     keep_slowest: int
     metrics_interval_s: float
+    export_delay_ms: int
 
 
 @dataclass(frozen=True)
@@ -401,6 +402,7 @@ _RULES: dict[str, Rule] = {
     "traces.max_per_second": _int(0),
     "traces.keep_slowest": _int(0),
     "traces.metrics_interval_s": _num(0.1, 3600),
+    "traces.export_delay_ms": _int(10, 60000),
     "metrics.address": _str(),
     "metrics.port": _int(0, 65535),
     "engine.markers": _BOOL,

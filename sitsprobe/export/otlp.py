@@ -64,7 +64,7 @@ __all__ = ["TraceExporter", "Counts", "Tally", "counted", "agent_resource", "sin
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 512  # spans per export at most
-SEND_DELAY_S = 1.0  # a batch goes out when it is full, else within this long
+SEND_DELAY_S = 1.0  # a batch goes out when it is full, else within this long (traces.export_delay_ms)
 _KINDS = {kind: kind.value + 1 for kind in SpanKind}  # OTLP's SpanKind numbers (the SDK encoder's rule)
 _INTERNAL = _KINDS[SpanKind.INTERNAL]
 _NO_PARENT = Context()  # the sampler's parent context for a root
@@ -97,18 +97,22 @@ class TraceExporter:
         traces_file: str | None = None,
         headers: Mapping[str, str] | None = None,
         queue_size: int = 2048,
+        send_delay_s: float = SEND_DELAY_S,
         proc: str = "/proc",
         on_cost: Callable[[float], None] = lambda _cpu_s: None,
         workload_of: Callable[[int], Workload | None] = lambda pid: None,
     ) -> None:
         """``on_cost(seconds)``: the CPU time each batch took to encode and
         send, from the sinks' threads (the sampler's budget counts it).
+        ``send_delay_s`` (traces.export_delay_ms): how long a span may wait
+        for a batch to fill before its sink is sent what there is.
         ``workload_of(pid)``: the process's pod, container and owner, once known."""
         self._workload_of = workload_of
         self._clock = clock
         self._on_cost = on_cost
         self._proc = proc  # where a traced process's cgroup (its container) is read
         self._queue_size = queue_size
+        self._send_delay_s = send_delay_s
         otlp = otlp_settings.settings("traces", endpoint=endpoint, protocol=protocol, headers=headers)
         network = network_sink(otlp) if otlp is not None else None
         file = OtlpJsonFileExporter(traces_file) if traces_file else None
@@ -238,7 +242,7 @@ class TraceExporter:
     def _lanes_now(self) -> list[_Lane]:
         """The sinks' lanes (lock held): made once, from the sinks then in use."""
         if self._lanes is None:
-            self._lanes = [_Lane(sink, self._queue_size, self._on_cost) for sink in self.sinks]
+            self._lanes = [_Lane(sink, self._queue_size, self._on_cost, self._send_delay_s) for sink in self.sinks]
         return self._lanes
 
     def _resource_of(self, pid: int, comm: str) -> SpanResource:
@@ -300,15 +304,17 @@ def _remote_parent(req: Request) -> SpanContext | None:
 class _Lane:
     """One sink's bounded queue of spans and the daemon thread (started with
     the first span) that sends them: up to MAX_BATCH spans per export, as soon
-    as that many wait, else within SEND_DELAY_S, or at once when flushed. It counts
+    as that many wait, else within ``send_delay_s``, or at once when flushed. It counts
     every span it is offered: turned away by the full queue (``queue_size``
     spans queued or in flight), or what the sink did with it. Once closed
     (the agent stopped), whatever was pending is dropped at shutdown and
     later results are not counted."""
 
     def __init__(self, sink: SpanExporter, queue_size: int,
-                 on_cost: Callable[[float], None] = lambda _cpu_s: None) -> None:
+                 on_cost: Callable[[float], None] = lambda _cpu_s: None,
+                 send_delay_s: float = SEND_DELAY_S) -> None:
         self.sink = sink
+        self._send_delay_s = send_delay_s
         self._on_cost = on_cost
         self.name = sink_name(sink)
         self._size = queue_size
@@ -382,7 +388,7 @@ class _Lane:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(self._due, SEND_DELAY_S)
+                self._cond.wait_for(self._due, self._send_delay_s)
                 batch = self._take()
                 if not batch and (self._stopping or self._closed):
                     return

@@ -313,6 +313,22 @@ def test_the_network_gets_one_resource_per_process_and_the_same_spans(tmp_path, 
     assert protobuf_json(request) == json.loads(line)  # what went over the wire is what the file says
 
 
+def test_a_lone_span_waits_for_its_batch_as_long_as_the_send_delay_says(tmp_path):
+    """traces.export_delay_ms: a span that no batch fills goes out within it,
+    not within the default second (SEND_DELAY_S) either way."""
+    sent = {}
+    for delay in (0.05, 30):
+        exporter = TraceExporter(clock=clock(), proc=str(tmp_path / "proc"), send_delay_s=delay)
+        exporter.sinks = (sink := Collect(),)
+        exporter.export(http_request())
+        deadline = time.monotonic() + otlp.SEND_DELAY_S + 0.5
+        while not sink.batches and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sent[delay] = [len(b) for b in sink.batches]
+        exporter.shutdown()
+    assert sent == {0.05: [1], 30: []}
+
+
 def test_a_batch_holds_512_spans_at_most_and_goes_without_a_flush(tmp_path):
     exporter = TraceExporter(clock=clock(), proc=str(tmp_path / "proc"), queue_size=4096)
     sink = Collect()
