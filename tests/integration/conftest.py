@@ -176,7 +176,9 @@ def running_agent(d: Path, select: dict, traces: dict, extra: dict, env: dict[st
             "select": {"cmdline": [TAG], "comms": ["nginx"], "rescan_interval_s": 0.2, **select},
             "stitch": {"flush_interval_ms": 50},
             "traces": {k: v for k, v in {"file": str(d / "traces.jsonl"), "otlp_endpoint": receiver.endpoint,
-                                         "max_per_second": 0, "cpu_budget": 0, **traces}.items() if v is not None},
+                                         "max_per_second": 0, "cpu_budget": 0,
+                                         "export_delay_ms": 50,  # a test waits for its spans: not a second each
+                                         **traces}.items() if v is not None},
             "metrics": {"address": "127.0.0.1", "port": metrics_port},
             "ring_buffer_mib": 64,
             "kubernetes": {"metadata": "off"},  # whatever kubeconfig the machine has: not the test's
