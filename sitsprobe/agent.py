@@ -867,8 +867,7 @@ class Agent:
             self.exporter.shutdown(deadline)
             self._log_accounting(tallies)
         if self.http is not None:
-            self.http.shutdown()
-            self.http.server_close()
+            self.http.close()
 
     def _detach(self, deadline: float) -> None:
         """Every probe off, even if a step before failed. The GPU layer's

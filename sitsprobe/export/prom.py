@@ -2,6 +2,8 @@
 counters and self-metrics read from the kernel's maps at scrape time."""
 from __future__ import annotations
 
+import os
+import selectors
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -429,8 +431,38 @@ class SignalAccounting:
 METRICS_PATHS = ("/metrics", "/metrics/inference")
 
 
+class MetricsServer(ThreadingHTTPServer):
+    """The metrics port, served on a thread of its own until close(), which
+    returns as soon as that thread has ended. (serve_forever looks for a
+    shutdown() only between waits of half a second: every stop waited for
+    one, and shorter waits wake an idle agent more often. A pipe wakes it.)"""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler) -> None:
+        super().__init__(address, handler)
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._serve, name="metrics", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as ready:
+            ready.register(self, selectors.EVENT_READ)
+            ready.register(self._wake_r, selectors.EVENT_READ)
+            while not any(key.fileobj == self._wake_r for key, _ in ready.select()):
+                self._handle_request_noblock()  # a thread for each request (daemon_threads)
+
+    def close(self) -> None:
+        """Stop serving, and close the port."""
+        os.write(self._wake_w, b"\0")
+        self._thread.join()
+        self.server_close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
 def serve(registry: CollectorRegistry, address: str, port: int, healthy: Callable[[], bool],
-          pages: dict[str, tuple[str, Callable[[dict[str, str]], bytes]]] | None = None) -> ThreadingHTTPServer:
+          pages: dict[str, tuple[str, Callable[[dict[str, str]], bytes]]] | None = None) -> MetricsServer:
     """/metrics in the Prometheus text format (and at /metrics/inference, the
     path the SITS2026 scrape configuration uses), /healthz 200 once
     healthy(), and `pages`: path -> (content type, body maker of the query's
@@ -469,9 +501,4 @@ def serve(registry: CollectorRegistry, address: str, port: int, healthy: Callabl
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer((address, port), Handler)
-    server.daemon_threads = True
-    # its loop looks for a shutdown between waits: the agent's stop waits up to this long for it
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="metrics",
-                     daemon=True).start()
-    return server
+    return MetricsServer((address, port), Handler)

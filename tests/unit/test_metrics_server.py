@@ -2,6 +2,7 @@
 /healthz, its pages, a page's bad query as a 400, and a 404 for anything else."""
 from __future__ import annotations
 
+import threading
 import urllib.error
 import urllib.request
 
@@ -22,7 +23,7 @@ def server():
         return b"page\n"
     s = serve(registry, "127.0.0.1", 0, lambda: True, {"/page.txt": ("text/plain", page)})
     yield f"http://127.0.0.1:{s.server_address[1]}"
-    s.shutdown()
+    s.close()
 
 
 def get(url: str) -> tuple[int, str]:
@@ -46,3 +47,14 @@ def test_health_pages_and_unknown_paths(server):
     for path in ("/", "/nope", "/metricsx", "/metrics/other"):
         code, body = get(server + path)
         assert code == 404 and f"no page {path};" in body and "/metrics/inference" in body, path
+
+
+def test_close_ends_the_serving_thread_and_the_port():
+    s = serve(CollectorRegistry(), "127.0.0.1", 0, lambda: True)
+    url = f"http://127.0.0.1:{s.server_address[1]}"
+    assert get(url + "/healthz") == (200, "ok\n")
+    before = {t.name for t in threading.enumerate()}
+    s.close()
+    assert "metrics" in before and "metrics" not in {t.name for t in threading.enumerate()}
+    with pytest.raises(urllib.error.URLError):
+        get(url + "/healthz")
