@@ -834,10 +834,12 @@ class Agent:
             self.engine.batch_sizes.clear()
 
     def close(self) -> None:
-        """Drain, report what is still open, detach every probe, then flush
-        the exporters: all within config.stop_timeout_s of the call, whatever
-        the collector does. What is not delivered by then is counted as
-        dropped at shutdown, and the log says what became of it all."""
+        """Drain, report what is still open, flush the exporters, then detach
+        every probe: the flush within config.stop_timeout_s of the call,
+        whatever the collector does. What is not delivered by then is counted
+        as dropped at shutdown, and the log says what became of it all. (The
+        kernel takes a uprobe off in some 0.1 s, one after another, and each
+        process whose TLS is read has 8: a node's worth outlasts the bound.)"""
         deadline = time.monotonic() + self.config.stop_timeout_s
         self.ready = False
         if self.workloads is not None:
@@ -860,11 +862,14 @@ class Agent:
         finally:
             tallies = self._signal_tallies()
             self._final_sampled = self._sampled()  # the kernel's part, read while its maps are there
-            self._detach(deadline)
+            try:
+                if self.exporter is not None:
+                    self.exporter.shutdown(deadline)
+            finally:
+                self._detach(deadline)
             for tally in tallies.values():  # what a shutdown past the bound still held
                 tally.close()
         if self.exporter is not None:
-            self.exporter.shutdown(deadline)
             self._log_accounting(tallies)
         if self.http is not None:
             self.http.close()

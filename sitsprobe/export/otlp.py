@@ -242,7 +242,8 @@ class TraceExporter:
     def _lanes_now(self) -> list[_Lane]:
         """The sinks' lanes (lock held): made once, from the sinks then in use."""
         if self._lanes is None:
-            self._lanes = [_Lane(sink, self._queue_size, self._on_cost, self._send_delay_s) for sink in self.sinks]
+            self._lanes = [_Lane(sink, self._queue_size, self._on_cost, self._send_delay_s)
+                           for sink in self.sinks]
         return self._lanes
 
     def _resource_of(self, pid: int, comm: str) -> SpanResource:

@@ -17,9 +17,12 @@ import shutil
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from tests.otlp_receiver import GrpcOtlpReceiver
 
 from .conftest import HERE, TAG, Nginx, NodeScript, Owned, require_root, running_agent, wait_until
 
@@ -197,3 +200,47 @@ def test_doctor_names_what_it_cannot_decrypt(agent, certificate):
         # OpenSSL in the executable (nodejs.org's and NodeSource's builds), or Debian's shared libssl
         assert tls[str(node.pid)]["ok"] and ("OpenSSL linked into the program" in tls[str(node.pid)]["detail"]
                                              or "libssl mapped" in tls[str(node.pid)]["detail"]), tls
+
+
+
+class SlowCollector(GrpcOtlpReceiver):
+    """A collector that takes a second to answer each export."""
+
+    def Export(self, request, context):  # noqa: N802 (the gRPC method's name)
+        time.sleep(1)
+        return super().Export(request, context)
+
+
+def test_a_stop_sends_every_span_before_the_kernel_takes_the_tls_probes_off(tmp_path):
+    """Each process whose libssl is probed has 8 uprobes of its own, and the
+    kernel takes each off in some 0.1 s, one after the other: 10 such
+    processes outlast stop_timeout_s. The spans still waiting for their batch
+    (traces.export_delay_ms) go to a slow collector before that, and are
+    counted delivered, not dropped at the stop."""
+    from .conftest import Server
+    from .test_net import workload
+
+    require_root()
+    idle = [subprocess.Popen([sys.executable, "-c", "import ssl, time; time.sleep(120)", f"{TAG}-tls-idle"])
+            for _ in range(10)]
+    server = None
+    try:
+        with SlowCollector() as collector, \
+                running_agent(tmp_path, {}, {"otlp_endpoint": collector.endpoint, "export_delay_ms": 60000},
+                              {"stop_timeout_s": 3}) as agent:
+            wait_until(lambda: all(agent.metric("sitsprobe_tls_processes", pid=p.pid) == 1 for p in idle), 60,
+                       "the agent to probe every idle process's libssl")
+            server = Server(agent)  # alive through the stop: its exit would send its spans at once
+            tally = workload(server.port)
+            wait_until(lambda: agent.metric("sitsprobe_requests_stitched_total") >= len(tally), 10,
+                       "the agent to stitch the client's requests")
+    finally:
+        if server is not None:
+            server.stop()
+        for p in idle:
+            p.kill()
+            p.wait()
+    said = (tmp_path / "agent.log").read_text()
+    [accounting] = [line for line in said.splitlines() if " spans: file: " in line]
+    assert f"file: {len(tally)} delivered; otlp: {len(tally)} delivered" in accounting, accounting
+    assert len(collector.spans()) == len(agent.traces.for_port(server.port, server.pid)) == len(tally)
