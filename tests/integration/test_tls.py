@@ -211,36 +211,38 @@ class SlowCollector(GrpcOtlpReceiver):
         return super().Export(request, context)
 
 
-def test_a_stop_sends_every_span_before_the_kernel_takes_the_tls_probes_off(tmp_path):
+def test_a_stop_sends_every_span_before_the_kernel_takes_the_tls_probes_off(certificate, tmp_path):
     """Each process whose libssl is probed has 8 uprobes of its own, and the
-    kernel takes each off in some 0.1 s, one after the other: 10 such
-    processes outlast stop_timeout_s. The spans still waiting for their batch
-    (traces.export_delay_ms) go to a slow collector before that, and are
-    counted delivered, not dropped at the stop."""
-    from .conftest import Server
-    from .test_net import workload
-
+    kernel takes each off in some 0.1 s, one after the other: nginx and 10
+    idle processes outlast stop_timeout_s. The spans of nginx's HTTPS
+    answers still waiting for their batch (traces.export_delay_ms) go to a
+    slow collector before that, and are counted delivered, not dropped."""
     require_root()
     idle = [subprocess.Popen([sys.executable, "-c", "import ssl, time; time.sleep(120)", f"{TAG}-tls-idle"])
             for _ in range(10)]
-    server = None
+    nginx = None
     try:
         with SlowCollector() as collector, \
                 running_agent(tmp_path, {}, {"otlp_endpoint": collector.endpoint, "export_delay_ms": 60000},
                               {"stop_timeout_s": 3}) as agent:
-            wait_until(lambda: all(agent.metric("sitsprobe_tls_processes", pid=p.pid) == 1 for p in idle), 60,
-                       "the agent to probe every idle process's libssl")
-            server = Server(agent)  # alive through the stop: its exit would send its spans at once
-            tally = workload(server.port)
-            wait_until(lambda: agent.metric("sitsprobe_requests_stitched_total") >= len(tally), 10,
+            nginx = Nginx(agent, tmp_path / "nginx", tls=certificate)  # alive through the stop: an exiting
+            probed = [p.pid for p in idle] + nginx.workers              # process's spans are sent at once
+            wait_until(lambda: all(agent.metric("sitsprobe_tls_processes", pid=p) == 1 for p in probed), 60,
+                       "the agent to probe every process's libssl")
+            tally = drive(nginx.port, ("/", "/missing"))
+            n = sum(tally.values())
+            wait_until(lambda: agent.metric("sitsprobe_requests_stitched_total") >= n, 10,
                        "the agent to stitch the client's requests")
     finally:
-        if server is not None:
-            server.stop()
+        if nginx is not None:
+            nginx.stop()
         for p in idle:
             p.kill()
             p.wait()
     said = (tmp_path / "agent.log").read_text()
     [accounting] = [line for line in said.splitlines() if " spans: file: " in line]
-    assert f"file: {len(tally)} delivered; otlp: {len(tally)} delivered" in accounting, accounting
-    assert len(collector.spans()) == len(agent.traces.for_port(server.port, server.pid)) == len(tally)
+    assert f"file: {n} delivered; otlp: {n} delivered" in accounting, accounting
+    spans = agent.traces.for_port(nginx.port, nginx.pids)
+    assert collections.Counter((s["attrs"]["url.path"], s["attrs"]["http.response.status_code"]) for s in spans) \
+        == tally
+    assert len(collector.spans()) == n
