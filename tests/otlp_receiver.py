@@ -7,7 +7,9 @@ metrics and logs services (``.metrics``, ``.logs``) keep their requests too.
 from __future__ import annotations
 
 import gzip
+import errno
 import os
+import random
 import socket
 import ssl
 import subprocess
@@ -313,6 +315,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_for_later(ports: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """A TCP port free now on 127.0.0.1 and ::1 that no connection takes
+    meanwhile: one below the kernel's ephemeral range, from which free_port()'s
+    come and every client's connect() takes its own. For a port a module
+    chooses when it is imported and a server binds minutes later (a test saw
+    nginx refused its free_port(): "Address already in use")."""
+    try:
+        low = int(Path(ports).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    for _ in range(100):
+        port = random.randrange(max(1024, low // 2), low)
+        if all(_bindable(family, host, port) for family, host in ((socket.AF_INET, "127.0.0.1"),
+                                                                   (socket.AF_INET6, "::1"))):
+            return port
+    raise RuntimeError(f"no free port below {low} in 100 tries")
+
+
+def _bindable(family: int, host: str, port: int) -> bool:
+    try:
+        with socket.socket(family) as s:
+            s.bind((host, port))
+    except OSError as e:
+        return e.errno != errno.EADDRINUSE  # a machine without IPv6 takes the port on IPv4 alone
+    return True
 
 
 def accepts(port: int) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.otlp_receiver import GrpcOtlpReceiver, accepts, free_port
+from tests.otlp_receiver import GrpcOtlpReceiver, accepts, free_port, port_for_later  # noqa: F401 (for the modules)
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent

@@ -13,9 +13,9 @@ import pytest
 
 from tests.otlp_receiver import accepts
 
-from .conftest import ROOT, free_port, wait_until
+from .conftest import ROOT, port_for_later, wait_until
 
-REDIS_PORT = free_port()
+REDIS_PORT = port_for_later()  # bound minutes after this module is imported
 AGENT_SELECT = {"ports": [REDIS_PORT]}  # redis-server is traced too, for the RESP mode
 AGENT_EXTRA = {"cache": {"probes": ["redis"], "resp_mode": True, "bucket_s": 1}}
 AGENT_TRACES = {"metrics_interval_s": 0.5}

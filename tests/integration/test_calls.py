@@ -23,9 +23,10 @@ import sys
 
 import pytest
 
-from .conftest import HERE, TAG, Engine, Nginx, NodeScript, Owned, RedisServer, accepts, free_port, wait_until
+from .conftest import (HERE, TAG, Engine, Nginx, NodeScript, Owned,
+                       RedisServer, accepts, free_port, port_for_later, wait_until)
 
-REDIS_PORT = free_port()
+REDIS_PORT = port_for_later()  # bound minutes after this module is imported
 TIERS = ("socket", "syscall")  # the exactness of each socket tier that loads (socket_hooks)
 AGENT_SELECT = {"ports": [REDIS_PORT], "cmdline": [TAG, r"engine/serve\.py .*--model-seed 11\b"]}
 N = 12

@@ -20,12 +20,12 @@ import sys
 
 import pytest
 
-from .conftest import HERE, TAG, Nginx, free_port, wait_until
+from .conftest import HERE, TAG, Nginx, port_for_later, wait_until
 
 pytestmark = pytest.mark.integration
 TIERS = ("socket", "syscall")  # the pieces of a vectored write are gathered by the same code on each
 RUN_TAG = f"{TAG}-compressed-{os.getpid()}"
-NGINX_PORT = free_port()
+NGINX_PORT = port_for_later()  # bound minutes after this module is imported
 AGENT_SELECT = {"cmdline": [re.escape(RUN_TAG)], "comms": [], "ports": [NGINX_PORT]}
 ASK = {"model": "wire-truth-1", "messages": [{"role": "user", "content": "hello"}]}
 EVENTS = 9

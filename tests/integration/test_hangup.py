@@ -26,12 +26,12 @@ import sys
 
 import pytest
 
-from .conftest import HERE, TAG, Nginx, Owned, accepts, children, free_port, wait_until
+from .conftest import HERE, TAG, Nginx, Owned, accepts, children, free_port, port_for_later, wait_until
 
 pytestmark = pytest.mark.integration
 TIERS = ("socket", "syscall")
 RUN_TAG = f"{TAG}-hangup-{os.getpid()}"
-NGINX_PORT = free_port()
+NGINX_PORT = port_for_later()  # bound minutes after this module is imported
 AGENT_SELECT = {"cmdline": [re.escape(RUN_TAG)], "comms": [], "ports": [NGINX_PORT]}
 ASK = {"model": "wire-truth-1", "messages": [{"role": "user", "content": "hello"}], "stream": True}
 EVENTS, READ, ABORT = 9, 2, 3  # events an answer has; read before hanging up; sent before the abort

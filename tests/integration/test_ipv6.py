@@ -16,12 +16,12 @@ from collections import Counter
 import httpx
 import pytest
 
-from .conftest import HERE, TAG, Nginx, free_port, wait_until
+from .conftest import HERE, TAG, Nginx, port_for_later, wait_until
 
 pytestmark = pytest.mark.integration
 TIERS = ("socket", "syscall")
 RUN_TAG = f"{TAG}-ipv6-{os.getpid()}"
-NGINX_PORT = free_port()
+NGINX_PORT = port_for_later()  # bound minutes after this module is imported
 AGENT_SELECT = {"cmdline": [re.escape(RUN_TAG)], "comms": [], "ports": [NGINX_PORT]}
 ROUNDS = 12
 

@@ -25,13 +25,13 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from .conftest import HERE, TAG, Nginx, Owned, free_port, wait_until
+from .conftest import HERE, TAG, Nginx, Owned, port_for_later, wait_until
 from .peers import sse_schedule, status_locations
 
 # This module's agent traces only this module's servers: other sessions on the
 # machine run servers tagged TAG and nginx too, and their load is not ours to count.
 RUN_TAG = f"{TAG}-wire-truth-{os.getpid()}"
-NGINX_PORT = free_port()
+NGINX_PORT = port_for_later()  # bound minutes after this module is imported
 TIERS = ("socket", "syscall")  # the exactness of each socket tier that loads (socket_hooks)
 AGENT_SELECT = {"cmdline": [re.escape(RUN_TAG)], "comms": [], "ports": [NGINX_PORT]}
 
