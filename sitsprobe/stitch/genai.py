@@ -184,7 +184,8 @@ def _response(req: Request, p: Payload, shape: Shape, g: GenAI, asked_stream: bo
     tail = _tail_text(p.response_tail) if encoding is None else b""
     approximate = p.writes_total > len(p.writes) or unsure
     if p.writes_total > len(p.writes) and p.response_tail and encoding is None:
-        g = _untimed_writes(req, g, p, kind, shape, tail, head is not None and head.chunked)
+        last_chunk = head is not None and head.chunked and p.response_tail.endswith(b"0\r\n\r\n")
+        g = _untimed_writes(req, g, p, kind, shape, tail, last_chunk)
     ended = ended or _ended_in(tail, kind, shape)
     sure = not approximate and g.error_type is None and (ended or chunks_ended)
     empty = False if g.content_events else True if sure else None
@@ -268,16 +269,17 @@ def _output(w, shape: Shape) -> int:
 
 
 def _untimed_writes(req: Request, g: GenAI, p: Payload, kind: str, shape: Shape, tail: bytes,
-                    chunked: bool) -> GenAI:
+                    chunk_end: bool) -> GenAI:
     """``g`` with the writes past those kept (capture.max_writes: a long
     answer), counted, not timed: each is taken for one event, as streaming
     servers write a token a write (a floor where one held several); of them,
-    a ``[DONE]``, a chunked body's last chunk and the stream's closing events
-    (as its tail shows them; the caller adds nothing without a tail) are no
-    content. The last token was written by the response's end, the one time
+    a ``[DONE]``, a chunked body's last chunk (``chunk_end``: the tail ends in
+    it; a server that saw its client hang up at ``[DONE]`` writes none) and
+    the stream's closing events (as its tail shows them; the caller adds
+    nothing without a tail) are no content. The last token was written by the response's end, the one time
     known past the kept writes: the time per output token stays the whole
     answer's, not its first writes'."""
-    events = p.writes_total - len(p.writes) - (b"[DONE]" in tail) - chunked
+    events = p.writes_total - len(p.writes) - (b"[DONE]" in tail) - chunk_end
     content = events - _closing_events(p.response_tail, kind, shape)
     if events <= 0:
         return g

@@ -415,6 +415,18 @@ def test_a_stream_longer_than_the_writes_kept_is_counted_whole_and_timed_by_its_
     assert (g.first_token_ns, g.last_token_ns) == (w.first_token_ns, cut.end_ns)
 
 
+@pytest.mark.parametrize("name", ["vllm_chat_stream", "ollama_chat_stream"])
+def test_a_long_stream_whose_server_wrote_no_last_chunk_is_counted_whole(name):
+    """The client hung up at the stream's end (the openai client does, at
+    [DONE]) and the server, seeing it, wrote no chunked body's last chunk
+    (uvicorn): of the writes not kept, none is that chunk's to take off."""
+    parts = long_answer(name, 400)
+    assert parts[-1] == b"0\r\n\r\n"
+    whole = read(exchange(name, parts, tail=512))
+    g = read(exchange(name, parts[:-1], tail=512, kept=50))
+    assert (g.events, g.content_events, g.output_tokens) == (whole.events, whole.content_events, whole.output_tokens)
+
+
 def test_uncounted_events_past_a_peek_leave_the_count_a_floor():
     name = "vllm_chat_stream"
     g = read(exchange(name, coalesce_by(3)(written(name)), peek=160))
