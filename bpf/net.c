@@ -156,6 +156,7 @@ struct end_state {
     __u64 key;
     __u8 pending;
     __u8 again; /* the program that asked stopped there: its event is seen again after */
+    __u8 late;  /* after the call's own work on it (end_after_call) */
 };
 NET_MAP("percpu_array", int, struct end_state, end_states, 1);
 /* inet_sock_set_state's tail calls: 0 end_conn_tp, 1 inet_sock_set_state itself */
@@ -201,6 +202,21 @@ static __always_inline void tail(void *ctx, int user, int i)
     else
         scan_prog.call(ctx, i);
 }
+
+/* The end end_after_call asked for, where the call's tails are done: by
+ * end_conn, which goes on to the tails left (the call's chunk). */
+static __always_inline void end_late(void *ctx, int user)
+{
+#if CONN_BY_STATE
+    int zero = 0;
+    struct end_state *es = user ? NULL : end_states.lookup(&zero);
+    if (es && es->pending && es->late) {
+        tail(ctx, 0, 6);
+        es->pending = 0; /* the tail call failed: forgotten, as end_now's */
+    }
+#endif
+}
+
 NET_RINGBUF(exchanges, RINGBUF_PAGES);
 NET_RINGBUF(notices, 64);
 NET_RINGBUF(streams, STREAM_PAGES);
@@ -802,19 +818,19 @@ static __always_inline void send_peek(struct beat_state *st, __u64 *sent, const 
     exchanges.ringbuf_submit(e, wake(0, sizeof(struct beat)));
 }
 
-static __always_inline int send_more_(void *ctx)
+static __always_inline void more_out(void *ctx, int user)
 {
     int zero = 0;
     struct beat_state *st = beat_states.lookup(&zero);
     struct more_buf *s = more_bufs.lookup(&zero);
     __u64 *sent = beats_sent.lookup(&zero), *read = beats_read.lookup(&zero);
     if (!st || !st->more)
-        return 0;
+        return;
     __u64 got = st->more;
     st->more = 0;
     if (!s || !sent || !read || *sent - *read >= BEAT_EIGHTHS(6)) {
         count(C_WRITES_LOST);
-        return 0;
+        return;
     }
     BOUND(got, HEAD_PEEKS * PEEK_CAP);
     if (st->iovp) {
@@ -822,26 +838,32 @@ static __always_inline int send_more_(void *ctx)
         __u64 off = 0;
         got = gather(st->iovp, &i, &off, s->b, &s->cell, got, HEAD_PEEKS * PEEK_CAP, PEEK_IOVS);
     } else if (!st->buf || read_user(s->b, got, (void *)st->buf)) {
-        return 0;
+        return;
     }
 #pragma unroll
     for (int k = 1; k < HEAD_PEEKS; k++)
         if (got > k * PEEK_CAP)
             send_peek(st, sent, s->b, got, k * PEEK_CAP);
+}
+
+static __always_inline int send_more_(void *ctx, int user)
+{
+    more_out(ctx, user);
+    end_late(ctx, user); /* the last of a write's events is out */
     return 0;
 }
 #if defined(TLS_MODULE) && TAILED
-int usend_more(void *ctx) { return send_more_(ctx); }
+int usend_more(void *ctx) { return send_more_(ctx, 1); }
 #elif TAILED
-int send_more(void *ctx) { return send_more_(ctx); }
+int send_more(void *ctx) { return send_more_(ctx, 0); }
 #endif
 
-static __always_inline int send_beat_(void *ctx, int user)
+static __always_inline void beat_out(void *ctx, int user)
 {
     int zero = 0;
     struct beat_state *st = beat_states.lookup(&zero);
     if (!st || !st->n)
-        return 0;
+        return;
     if (count_chunk(st))
         tail(ctx, user, 1); /* the next chunk; if the call failed, send what is counted */
     __u64 n = st->n, buf = st->buf, iovp = st->iovp;
@@ -849,12 +871,12 @@ static __always_inline int send_beat_(void *ctx, int user)
     __u64 *sent = beats_sent.lookup(&zero), *read = beats_read.lookup(&zero);
     if (!sent || !read || *sent - *read >= (st->index <= FIRST_WRITES ? BEAT_EIGHTHS(6) : BEAT_EIGHTHS(5))) {
         count(C_WRITES_LOST); /* they give way: what is left of the ring is for the exchanges */
-        return 0;
+        return;
     }
     struct beat *e = exchanges.ringbuf_reserve(sizeof(struct beat));
     if (!e) {
         count(C_WRITES_LOST);
-        return 0;
+        return;
     }
     __sync_fetch_and_add(sent, 1);
     bpf_probe_read_kernel(e, sizeof(struct beat), &st->b);
@@ -881,6 +903,12 @@ static __always_inline int send_beat_(void *ctx, int user)
         st->more = n;
         tail(ctx, user, 8); /* send_more */
     }
+}
+
+static __always_inline int send_beat_(void *ctx, int user)
+{
+    beat_out(ctx, user);
+    end_late(ctx, user); /* reached where no more of the write's events follow */
     return 0;
 }
 #if defined(TLS_MODULE) && TAILED /* for the library's returns */
@@ -1020,6 +1048,7 @@ static __always_inline int scan_head_(void *ctx, int user)
         tail(ctx, user, 0);
     }
     st->n = 0; /* done, or the tail call failed */
+    end_late(ctx, user);
     return 0;
 }
 #if defined(TLS_MODULE) && TAILED /* for the library's returns */
@@ -1920,7 +1949,7 @@ static __always_inline void tails(void *ctx, int user)
     int zero = 0;
 #if CONN_BY_STATE
     struct end_state *es = user ? NULL : end_states.lookup(&zero);
-    if (es && es->pending) {
+    if (es && es->pending && !es->late) {
         tail(ctx, 0, 6); /* end_conn, which goes on to the others; returns only if it failed */
         es->pending = 0;
     }
@@ -1943,10 +1972,11 @@ static __always_inline void tails(void *ctx, int user)
     }
     struct beat_state *bs = GENAI ? beat_states.lookup(&zero) : NULL;
     if (bs && bs->n) {
-        tail(ctx, user, 1); /* send_beat */
+        tail(ctx, user, 1); /* send_beat, which ends with end_late */
         bs->n = 0;
         count(C_WRITES_LOST);
     }
+    end_late(ctx, user); /* end_conn, which goes on to the call's chunk */
     struct chunk_state *cs = chunk_states.lookup(&zero);
     if (cs && cs->pending) {
         tail(ctx, user, 2); /* send_chunk */
@@ -2091,6 +2121,24 @@ static __always_inline void end_later(__u64 key, __u8 again)
     if (es) {
         es->key = key;
         es->again = again;
+        es->late = 0;
+        es->pending = 1;
+    }
+}
+
+/* End the conn TCP ended inside the call on it (CF_CLOSING), once that
+ * call's own tails are done: its payload kept, its head scanned, its
+ * write's event sent, all before the exchange they belong to is reported
+ * (end_late). Its chunk, if any, still comes after the end and says so
+ * (chunk_closes). */
+static __always_inline void end_after_call(__u64 key)
+{
+    int zero = 0;
+    struct end_state *es = end_states.lookup(&zero);
+    if (es) {
+        es->key = key;
+        es->again = 0;
+        es->late = 1;
         es->pending = 1;
     }
 }
@@ -2488,17 +2536,8 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
         learn_sock(c, sk);
         moved(c, key, &a, ret, id, a.enter_ns);
 #if CONN_BY_STATE
-        if (c->flags & CF_CLOSING) { /* ended during this call (see ended) */
-            int zero = 0;
-            struct payload_state *ps = GENAI ? payload_states.lookup(&zero) : NULL;
-            if (ps && ps->ops) { /* its exchange is reported now: a write's event after it would wait for
-                                  * nothing, and its pieces would go to an exchange gone */
-                if (ps->ops & P_BEAT)
-                    count(C_WRITES_LOST);
-                ps->ops = 0;
-            }
-            end_later(key, 0); /* the first of the tails; its chunk, if any, says so (chunk_closes) */
-        }
+        if (c->flags & CF_CLOSING) /* ended during this call (see ended): a write's to a peer gone */
+            end_after_call(key);
 #endif
         tails(ctx, 0);
     }

@@ -7,6 +7,7 @@ time to first token, stream events) must equal what the client received.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -21,7 +22,7 @@ from unittest import mock
 
 import pytest
 
-from .conftest import Engine, Owned, TraceFile, free_port, running_agent, wait_until
+from .conftest import HERE, Engine, Owned, TraceFile, accepts, children, free_port, running_agent, wait_until
 from .tiny_model import build
 
 openai = pytest.importorskip("openai")
@@ -257,32 +258,61 @@ def check_report(path: Path, mode: str) -> None:
         assert shares["compute"] > 0.5 and shares["cache"] == shares["io"] == 0, shares
 
 
-def test_an_answer_longer_than_the_writes_kept_is_counted_whole(tmp_path):
-    """uvicorn streams 120 tokens 4 ms apart, a write each, to the openai
-    client; the agent times only the first 16 writes (capture.max_writes).
-    The rest are counted: the span has every event the client received, and
-    the time per output token is the whole answer's, not its first writes'."""
-    import httpx  # noqa: F401 (the openai client's transport)
-
-    (tmp_path / "agent").mkdir()
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("peers.py")), "uvicorn"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
+@contextlib.contextmanager
+def streaming_server(name: str):
+    """(its process, the pid that serves, its port): uvicorn (peers.py), or
+    gunicorn's sync worker (stream_wsgi.py), serving OpenAI chat streams."""
+    if name == "uvicorn":
+        proc = subprocess.Popen([sys.executable, str(HERE / "peers.py"), "uvicorn"], stdout=subprocess.PIPE, text=True)
         port = int(proc.stdout.readline())
-        with running_agent(tmp_path / "agent", {"pids": [proc.pid], "cmdline": []}, {},
-                           {"capture": {"max_writes": 16}}) as agent:
-            wait_until(lambda: agent.tracks(proc.pid), 15, "the agent to track uvicorn")
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
-            arrived = [time.monotonic() for ch in client.chat.completions.create(
-                model="flood-1", messages=[{"role": "user", "content": "hi"}], stream=True,
-                extra_query={"events": 120, "gap": 0.004}) if ch.choices[0].delta.content]
-            (span,) = genai_spans(agent, port, 1)
+    else:
+        pytest.importorskip("gunicorn", reason="gunicorn is a test extra (pyproject.toml)")
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "--worker-class", "sync", "--bind",
+                                 f"127.0.0.1:{port}", "--chdir", str(HERE), "stream_wsgi:app"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pid = proc.pid if name == "uvicorn" else wait_until(lambda: children(proc.pid)[:1], 15, "gunicorn's worker")[0]
+        yield proc, pid, port
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "gunicorn"])
+@pytest.mark.parametrize("events", [120, 8], ids=["past-max-writes", "within-max-writes"])
+def test_an_answer_is_counted_whole_though_the_client_hung_up_before_its_end(tmp_path, events, server):
+    """A server streams `events` tokens 4 ms apart, a write each, to the
+    openai client; the agent times only the first 16 writes
+    (capture.max_writes). The rest are counted: the span has every event the
+    client received, and the time per output token is the whole answer's,
+    not its first writes'. The client hangs up as soon as it reads [DONE],
+    and the server ends the chunked body 50 ms later: uvicorn has seen the
+    hang-up and writes no end; gunicorn's sync worker writes it, into a
+    closed peer whose reset ends the connection inside that write (the
+    socket tier sees TCP's close within the call). Either way nothing is
+    lost: the kernel once dropped such a write and counted a write event
+    lost, and a long answer was then counted an event short, as it was
+    where no end was written."""
+    import httpx  # noqa: F401 (the openai client's transport)
+
+    (tmp_path / "agent").mkdir()
+    with streaming_server(server) as (proc, pid, port), \
+            running_agent(tmp_path / "agent", {"pids": [pid], "cmdline": []}, {},
+                          {"capture": {"max_writes": 16}}) as agent:
+        wait_until(lambda: agent.tracks(pid), 15, f"the agent to track {server}")
+        wait_until(lambda: accepts(port), 15, f"{server} on :{port}")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        arrived = [time.monotonic() for ch in client.chat.completions.create(
+            model="flood-1", messages=[{"role": "user", "content": "hi"}], stream=True,
+            extra_query={"events": events, "gap": 0.004, "linger": 0.05}) if ch.choices[0].delta.content]
+        (span,) = genai_spans(agent, port, 1)
+        lost = agent.metric("sitsprobe_events_lost_total", reason="write_ring_full")
     a = span["attrs"]
-    assert len(arrived) == 120
-    assert (a["sitsprobe.genai.stream_events"], a["sitsprobe.genai.content_events"],
-            a["gen_ai.usage.output_tokens"], a["sitsprobe.genai.events_approximate"]) == (120, 120, 120, True), a
-    tpot = (arrived[-1] - arrived[0]) / 119
-    assert a["gen_ai.server.time_per_output_token"] == pytest.approx(tpot, rel=0.25), (tpot, a)
+    assert len(arrived) == events
+    assert (a["sitsprobe.genai.stream_events"], a["sitsprobe.genai.content_events"], a["gen_ai.usage.output_tokens"],
+            a.get("sitsprobe.genai.events_approximate", False), a["sitsprobe.complete"], lost) == \
+        (events, events, events, events > 16, True, 0), a
+    if events > 16:  # the whole answer's pace, where only the first writes were timed
+        tpot = (arrived[-1] - arrived[0]) / (events - 1)
+        assert a["gen_ai.server.time_per_output_token"] == pytest.approx(tpot, rel=0.25), (tpot, a)
