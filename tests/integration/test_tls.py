@@ -204,27 +204,27 @@ def test_doctor_names_what_it_cannot_decrypt(agent, certificate):
 
 
 class SlowCollector(GrpcOtlpReceiver):
-    """A collector that takes a second to answer each export."""
+    """A collector that takes half a second to answer each export."""
 
     def Export(self, request, context):  # noqa: N802 (the gRPC method's name)
-        time.sleep(1)
+        time.sleep(0.5)
         return super().Export(request, context)
 
 
 def test_a_stop_sends_every_span_before_the_kernel_takes_the_tls_probes_off(certificate, tmp_path):
     """Each process whose libssl is probed has 8 uprobes of its own, and the
-    kernel takes each off in some 0.1 s, one after the other: nginx and 10
+    kernel takes each off in some 0.1 s, one after the other: nginx and 3
     idle processes outlast stop_timeout_s. The spans of nginx's HTTPS
     answers still waiting for their batch (traces.export_delay_ms) go to a
     slow collector before that, and are counted delivered, not dropped."""
     require_root()
     idle = [subprocess.Popen([sys.executable, "-c", "import ssl, time; time.sleep(120)", f"{TAG}-tls-idle"])
-            for _ in range(10)]
+            for _ in range(3)]
     nginx = None
     try:
         with SlowCollector() as collector, \
                 running_agent(tmp_path, {}, {"otlp_endpoint": collector.endpoint, "export_delay_ms": 60000},
-                              {"stop_timeout_s": 3}) as agent:
+                              {"stop_timeout_s": 1.5}) as agent:
             nginx = Nginx(agent, tmp_path / "nginx", tls=certificate)  # alive through the stop: an exiting
             probed = [p.pid for p in idle] + nginx.workers              # process's spans are sent at once
             wait_until(lambda: all(agent.metric("sitsprobe_tls_processes", pid=p) == 1 for p in probed), 60,
