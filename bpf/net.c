@@ -2536,7 +2536,7 @@ int sock_io(struct bpf_raw_tracepoint_args *ctx)
         learn_sock(c, sk);
         moved(c, key, &a, ret, id, a.enter_ns);
 #if CONN_BY_STATE
-        if (c->flags & CF_CLOSING) /* ended during this call (see ended): a write's to a peer gone */
+        if (c->flags & CF_CLOSING) /* TCP ended it inside this call (see ended): after the call's tails */
             end_after_call(key);
 #endif
         tails(ctx, 0);

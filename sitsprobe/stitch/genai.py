@@ -276,9 +276,9 @@ def _untimed_writes(req: Request, g: GenAI, p: Payload, kind: str, shape: Shape,
     a ``[DONE]``, a chunked body's last chunk (``chunk_end``: the tail ends in
     it; a server that saw its client hang up at ``[DONE]`` writes none) and
     the stream's closing events (as its tail shows them; the caller adds
-    nothing without a tail) are no content. The last token was written by the response's end, the one time
-    known past the kept writes: the time per output token stays the whole
-    answer's, not its first writes'."""
+    nothing without a tail) are no content. The last token was written by
+    the response's end, the one time known past the kept writes: the time
+    per output token stays the whole answer's, not its first writes'."""
     events = p.writes_total - len(p.writes) - (b"[DONE]" in tail) - chunk_end
     content = events - _closing_events(p.response_tail, kind, shape)
     if events <= 0:

@@ -260,10 +260,11 @@ def check_report(path: Path, mode: str) -> None:
 
 @contextlib.contextmanager
 def streaming_server(name: str):
-    """(its process, the pid that serves, its port): uvicorn (peers.py), or
-    gunicorn's sync worker (stream_wsgi.py), serving OpenAI chat streams."""
+    """(the pid that serves, its port): uvicorn (peers.py), or gunicorn's
+    sync worker (stream_wsgi.py), serving OpenAI chat streams."""
     if name == "uvicorn":
-        proc = subprocess.Popen([sys.executable, str(HERE / "peers.py"), "uvicorn"], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, str(HERE / "peers.py"), "uvicorn"],
+                                stdout=subprocess.PIPE, text=True)
         port = int(proc.stdout.readline())
     else:
         pytest.importorskip("gunicorn", reason="gunicorn is a test extra (pyproject.toml)")
@@ -272,8 +273,9 @@ def streaming_server(name: str):
                                  f"127.0.0.1:{port}", "--chdir", str(HERE), "stream_wsgi:app"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        pid = proc.pid if name == "uvicorn" else wait_until(lambda: children(proc.pid)[:1], 15, "gunicorn's worker")[0]
-        yield proc, pid, port
+        pid = proc.pid if name == "uvicorn" else \
+            wait_until(lambda: children(proc.pid)[:1], 15, "gunicorn's worker")[0]
+        yield pid, port
     finally:
         proc.kill()
         proc.wait()
@@ -297,7 +299,7 @@ def test_an_answer_is_counted_whole_though_the_client_hung_up_before_its_end(tmp
     import httpx  # noqa: F401 (the openai client's transport)
 
     (tmp_path / "agent").mkdir()
-    with streaming_server(server) as (proc, pid, port), \
+    with streaming_server(server) as (pid, port), \
             running_agent(tmp_path / "agent", {"pids": [pid], "cmdline": []}, {},
                           {"capture": {"max_writes": 16}}) as agent:
         wait_until(lambda: agent.tracks(pid), 15, f"the agent to track {server}")
